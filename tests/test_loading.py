@@ -1,0 +1,226 @@
+"""Loading: key map on real layouts, wrappers, legacy buffers, shards, dtype, the load report, no random init."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hfbert
+from converters.errors import CheckpointError
+from converters.key_map import map_key
+
+from conftest import REFERENCE, max_difference, minilm_directory
+
+
+def copy_checkpoint(source: Path, destination: Path, tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Copy config.json (+ tokenizer files); write `tensors` (default: the source's) as model.safetensors."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.is_file() and file.suffix in (".json", ".txt") and "index" not in file.name:
+            shutil.copy(file, destination / file.name)
+    if tensors is None:
+        tensors = load_file(source / "model.safetensors")
+    save_file(tensors, destination / "model.safetensors")
+    return destination
+
+
+def reference_output(directory: Path, **kwargs) -> torch.Tensor:
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(directory, **kwargs).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([[101, 7592, 1010, 2088, 999, 102]])).last_hidden_state
+
+
+def our_output(model: hfbert.BertModel) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([[101, 7592, 1010, 2088, 999, 102]])).last_hidden_state
+
+
+def test_key_map_turns_bert_base_layout_into_transformers_names():
+    import transformers
+
+    layout = json.loads((REFERENCE / "layout.json").read_text())
+    config = transformers.BertConfig.from_pretrained(REFERENCE)
+    with torch.device("meta"):
+        expected = set(transformers.BertModel(config).state_dict())
+    mapped = [map_key(name) for name in layout["model.safetensors.tensors"]]
+    assert sorted(m.target for m in mapped if m.action in ("loaded", "renamed")) == sorted(expected)
+    ignored = sorted(m.source for m in mapped if m.action == "ignored")
+    assert ignored == sorted(name for name in layout["model.safetensors.tensors"] if name.startswith("cls."))
+    assert len(ignored) == 7
+
+
+def test_bert_base_layout_report(bert_base_safetensors_dir):
+    model, info = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir, output_loading_info=True)
+    report = info["report"]
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"], info["error_msgs"]) == (
+        [],
+        [],
+        [],
+        [],
+    )
+    assert len(report.loaded) == 199 and len(report.ignored_by_design) == 7
+    assert len(report.renamed) == 199  # every backbone tensor has the bert. prefix; 50 are gamma/beta too
+    assert "ignored by design" in str(report) and "pre-training head" in str(report)
+    assert not model.training
+
+
+def test_pickle_checkpoint_with_shared_decoder_storage(bert_base_pickle_dir, bert_base_safetensors_dir):
+    model, info = hfbert.BertModel.from_pretrained(bert_base_pickle_dir, output_loading_info=True)
+    assert len(info["report"].ignored_by_design) == 8  # 7 cls.* tensors + the tied decoder weight
+    assert max_difference(our_output(model), reference_output(bert_base_safetensors_dir)) <= 1e-5
+
+
+@pytest.mark.parametrize("wrapper", ["module.", "_orig_mod.", "_orig_mod.module.", "module.bert."])
+def test_training_wrappers_are_stripped(wrapper, tmp_path):
+    tensors = {wrapper + name: tensor for name, tensor in load_file(minilm_directory() / "model.safetensors").items()}
+    directory = copy_checkpoint(minilm_directory(), tmp_path / "wrapped", tensors)
+    model = hfbert.BertModel.from_pretrained(directory)
+    assert max_difference(our_output(model), reference_output(minilm_directory())) <= 1e-5
+
+
+def test_only_layernorm_gamma_beta_are_renamed(tmp_path):
+    tensors = load_file(minilm_directory() / "model.safetensors")
+    tensors["encoder.layer.0.attention.self.gamma"] = torch.zeros(3)
+    directory = copy_checkpoint(minilm_directory(), tmp_path / "gamma", tensors)
+    with pytest.raises(
+        CheckpointError, match=r"unexpected in the checkpoint: encoder\.layer\.0\.attention\.self\.gamma"
+    ):
+        hfbert.BertModel.from_pretrained(directory)
+    model, info = hfbert.BertModel.from_pretrained(directory, strict=False, output_loading_info=True)
+    assert info["unexpected_keys"] == ["encoder.layer.0.attention.self.gamma"]
+
+
+def test_legacy_position_ids_are_checked(tmp_path):
+    tensors = load_file(minilm_directory() / "model.safetensors")
+    assert torch.equal(tensors["embeddings.position_ids"][0], torch.arange(512))  # the real file stores them
+    tensors["embeddings.position_ids"] = torch.arange(512).flip(0)[None]
+    directory = copy_checkpoint(minilm_directory(), tmp_path / "positions", tensors)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: legacy buffer 'embeddings\.position_ids'"):
+        hfbert.BertModel.from_pretrained(directory)
+    tensors["embeddings.position_ids"] = torch.arange(512)[None]
+    tensors["embeddings.token_type_ids"] = torch.zeros(1, 512, dtype=torch.long)
+    copy_checkpoint(minilm_directory(), directory, tensors)
+    _, info = hfbert.BertModel.from_pretrained(directory, output_loading_info=True)
+    assert sorted(info["report"].legacy_buffers) == ["embeddings.position_ids", "embeddings.token_type_ids"]
+
+
+def test_sharded_checkpoint_written_by_transformers(tmp_path):
+    import transformers
+
+    reference = transformers.BertModel.from_pretrained(minilm_directory())
+    reference.save_pretrained(tmp_path / "sharded", max_shard_size="20MB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    model = hfbert.BertModel.from_pretrained(tmp_path / "sharded")
+    assert max_difference(our_output(model), reference_output(minilm_directory())) <= 1e-5
+
+
+@pytest.mark.parametrize("shard_name", ["../model.safetensors", "/etc/passwd", "sub/../../x.safetensors"])
+def test_shard_names_cannot_escape_the_directory(shard_name, tmp_path):
+    directory = tmp_path / "escape"
+    directory.mkdir()
+    shutil.copy(minilm_directory() / "config.json", directory)
+    save_file(load_file(minilm_directory() / "model.safetensors"), tmp_path / "model.safetensors")
+    weight_map = {"embeddings.word_embeddings.weight": shard_name}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+        hfbert.BertModel.from_pretrained(directory)
+
+
+def test_pickle_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "code-ran"
+
+    class Exploit:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    directory = tmp_path / "evil"
+    directory.mkdir()
+    shutil.copy(minilm_directory() / "config.json", directory)
+    torch.save({"embeddings.word_embeddings.weight": Exploit()}, directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: refused to unpickle"):
+        hfbert.BertModel.from_pretrained(directory)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 2e-2), (torch.float16, 1e-2), (torch.float64, 1e-5)])
+def test_dtype_casts_on_load(dtype, tolerance):
+    model = hfbert.BertModel.from_pretrained(minilm_directory(), dtype=dtype)
+    assert all(parameter.dtype == dtype for parameter in model.parameters())
+    assert model.dtype == dtype
+    reference = reference_output(minilm_directory(), dtype=dtype)
+    assert max_difference(our_output(model), reference) <= tolerance
+
+
+def test_stored_dtype_is_kept(tmp_path):
+    tensors = {
+        name: t.half() if t.is_floating_point() else t
+        for name, t in load_file(minilm_directory() / "model.safetensors").items()
+    }
+    directory = copy_checkpoint(minilm_directory(), tmp_path / "half", tensors)
+    model = hfbert.BertModel.from_pretrained(directory)
+    assert model.dtype == torch.float16
+    assert max_difference(our_output(model), reference_output(directory, dtype=torch.float16)) <= 1e-2
+
+
+def test_no_random_initialisation(monkeypatch):
+    def only_on_meta(original):
+        # Module constructors call their init on the meta device, where it costs nothing; real memory must
+        # never be initialised.
+        def guarded(tensor, *args, **kwargs):
+            if tensor.device.type != "meta":
+                raise AssertionError("from_pretrained must not initialise parameters randomly")
+            return original(tensor, *args, **kwargs)
+
+        return guarded
+
+    for name in ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_", "zeros_", "ones_"):
+        monkeypatch.setattr(torch.nn.init, name, only_on_meta(getattr(torch.nn.init, name)))
+    for name in ("normal_", "uniform_", "zero_", "fill_"):
+        monkeypatch.setattr(torch.Tensor, name, only_on_meta(getattr(torch.Tensor, name)))
+    model = hfbert.BertModel.from_pretrained(minilm_directory())
+    assert all(parameter.device.type == "cpu" for parameter in model.parameters())
+    assert not model.training
+    stored = load_file(minilm_directory() / "model.safetensors")
+    assert torch.equal(model.embeddings.word_embeddings.weight, stored["embeddings.word_embeddings.weight"])
+
+
+def test_loading_maps_the_file_instead_of_copying(bert_base_safetensors_dir):
+    # In a fresh process: resident memory grows by far less than the 440 MB file, since parameters are views of
+    # the memory-mapped file (a copy, or a random init followed by a copy, would add at least 440 MB).
+    script = f"""
+import re, torch, hfbert
+hfbert.BertModel.from_pretrained({str(minilm_directory())!r})  # pay one-time costs first
+def resident_mb():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+before = resident_mb()
+model = hfbert.BertModel.from_pretrained({str(bert_base_safetensors_dir)!r})
+print(resident_mb() - before)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    growth_mb = float(result.stdout.strip().splitlines()[-1])
+    assert growth_mb < 50, f"loading a 440 MB checkpoint grew resident memory by {growth_mb:.0f} MB"
+
+
+def test_missing_pooler_strict_and_not_strict(tmp_path):
+    tensors = {
+        name: t for name, t in load_file(minilm_directory() / "model.safetensors").items() if "pooler" not in name
+    }
+    directory = copy_checkpoint(minilm_directory(), tmp_path / "no-pooler", tensors)
+    with pytest.raises(CheckpointError, match="add_pooling_layer=False"):
+        hfbert.BertModel.from_pretrained(directory)
+    model = hfbert.BertModel.from_pretrained(directory, add_pooling_layer=False)
+    assert model.pooler is None and max_difference(our_output(model), reference_output(minilm_directory())) <= 1e-5
+    model, info = hfbert.BertModel.from_pretrained(directory, strict=False, output_loading_info=True)
+    assert info["missing_keys"] == ["pooler.dense.weight", "pooler.dense.bias"]
+    assert info["report"].initialized == info["missing_keys"]
+    assert not any(parameter.is_meta for parameter in model.parameters())

@@ -1,0 +1,54 @@
+"""The real google-bert/bert-base-uncased against the outputs transformers' own integration test publishes.
+
+Runs where the checkpoint is reachable (already in the Hugging Face cache, or the Hub answers); skips with that
+reason otherwise (these machines have no Hub access).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from urllib.parse import urlparse
+
+import pytest
+import torch
+
+import hfbert
+
+from conftest import REFERENCE
+
+REPO_ID = "google-bert/bert-base-uncased"
+REVISION = "86b5e0934494bd15c9632b12f734a8a67f723594"
+
+
+def checkpoint_reachable() -> tuple[bool, str]:
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(REPO_ID, "model.safetensors", revision=REVISION), str):
+        return True, "cached"
+    if constants.HF_HUB_OFFLINE:
+        return False, f"{REPO_ID} is not in the Hugging Face cache and HF_HUB_OFFLINE is set"
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=3).close()
+    except OSError as error:
+        return False, f"{REPO_ID} is not in the Hugging Face cache and the Hub is unreachable ({error})"
+    return True, "online"
+
+
+def test_hidden_state_slice_matches_published_values():
+    reachable, reason = checkpoint_reachable()
+    if not reachable:
+        pytest.skip(reason)
+    expected = json.loads((REFERENCE / "expected.json").read_text())["hidden_state_slice"]
+    model = hfbert.BertModel.from_pretrained(REPO_ID, revision=REVISION)
+    with torch.no_grad():
+        output = model(
+            input_ids=torch.tensor(expected["input_ids"]), attention_mask=torch.tensor(expected["attention_mask"])
+        )
+    torch.testing.assert_close(
+        output.last_hidden_state[:, 1:4, 1:4],
+        torch.tensor(expected["expected"]),
+        atol=expected["atol"],
+        rtol=expected["rtol"],
+    )
