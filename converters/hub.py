@@ -1,25 +1,53 @@
 """Turning a path or a Hub repo id into a local checkpoint directory, through `huggingface_hub`.
 
 A local directory is used as it is, with no network. A repo id is resolved to one commit sha first, so every
-file comes from the same revision even while `main` moves; then only the files the model loads are downloaded
-into the standard Hugging Face cache (`HF_HOME` / `HF_HUB_CACHE` are honoured): `config.json` and the
-preferred weight file (see `checkpoint_files.WEIGHT_FILE_PREFERENCE`, `pytorch_model.bin` only when the repo
-has no safetensors). With `HF_HUB_OFFLINE=1`, or when the Hub cannot be reached, the cached snapshot is used.
+file comes from the same revision even while `main` moves; then only the files hfbert uses are downloaded into
+the standard Hugging Face cache (`HF_HOME` / `HF_HUB_CACHE` honoured), with huggingface_hub's progress bars:
+`config.json`, the preferred weight file (see `checkpoint_files.WEIGHT_FILE_PREFERENCE`; `pytorch_model.bin`
+only when the repo has no safetensors) with its shards, and, when asked, the tokenizer files. Never the
+TensorFlow, Flax, Rust, ONNX or Core ML files. Every LFS file is checked against the sha256 the Hub publishes,
+also when it was already cached.
+
+With `HF_HUB_OFFLINE=1` (or `offline=True`) no network call is made: the cached snapshot is used, and each LFS
+file is checked against the sha256 that names its blob in the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from converters.checkpoint_files import PICKLE_INDEX, SAFETENSORS_INDEX, WEIGHT_FILE_PREFERENCE, read_shard_index
 from converters.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def resolve_checkpoint(path_or_repo_id: str | os.PathLike, revision: str | None = None) -> Path:
-    """A local directory holding config.json and the weights for `path_or_repo_id`."""
+@dataclass
+class Snapshot:
+    """A checkpoint as downloaded: where it lies, which commit, which files, and their verified sha256."""
+
+    directory: Path
+    commit: str
+    files: list[str] = field(default_factory=list)
+    verified_sha256: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_checkpoint(
+    path_or_repo_id: str | os.PathLike, revision: str | None = None, *, include_tokenizer: bool = False
+) -> Path:
+    """A local directory holding config.json and the weights (and tokenizer files, if asked) for the source."""
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir():
         if revision is not None:
@@ -28,23 +56,26 @@ def resolve_checkpoint(path_or_repo_id: str | os.PathLike, revision: str | None 
     text = str(path_or_repo_id)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1 or os.sep in text.replace("/", ""):
         raise CheckpointError(f"{text}: not a checkpoint directory (expected a folder holding config.json and weights)")
-    return download_checkpoint(text, revision)
+    return download(text, revision, include_tokenizer=include_tokenizer).directory
 
 
-def download_checkpoint(repo_id: str, revision: str | None = None) -> Path:
-    """Download (or find in the cache) what `from_pretrained` loads from `repo_id`; return the snapshot folder."""
-    from huggingface_hub import HfApi, constants, hf_hub_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+def download(
+    repo_id: str,
+    revision: str | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    offline: bool = False,
+    include_tokenizer: bool = False,
+) -> Snapshot:
+    """Download (or find in the cache) what hfbert loads from `repo_id`, verified; see the module docstring."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
 
-    if constants.HF_HUB_OFFLINE:
-        return cached_checkpoint(repo_id, revision, reason="HF_HUB_OFFLINE is set")
+    if offline or constants.HF_HUB_OFFLINE:
+        reason = "offline mode was asked for" if offline else "HF_HUB_OFFLINE is set"
+        return cached_snapshot(repo_id, revision, cache_dir, reason)
     try:
-        info = HfApi().model_info(repo_id, revision=revision)
+        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
     except GatedRepoError:
         raise CheckpointError(
             f"{repo_id}: gated repository; accept its terms on the Hub and log in (`hf auth login` or HF_TOKEN)"
@@ -58,31 +89,79 @@ def download_checkpoint(repo_id: str, revision: str | None = None) -> Path:
     except HFValidationError as error:
         raise CheckpointError(f"{repo_id}: neither a local directory nor a valid repo id ({error})") from None
     except Exception as error:  # no network, DNS failure, timeout, server error: fall back to the cache
-        return cached_checkpoint(repo_id, revision, reason=f"the Hub is unreachable ({type(error).__name__}: {error})")
+        reason = f"the Hub is unreachable ({type(error).__name__}: {error})"
+        return cached_snapshot(repo_id, revision, cache_dir, reason)
 
-    available = {sibling.rfilename for sibling in info.siblings or []}
-    wanted = [CONFIG_FILE] + [name for name in WEIGHT_FILE_PREFERENCE if name in available][:1]
-    if len(wanted) == 1:
+    siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
+    weight_file = next((name for name in WEIGHT_FILE_PREFERENCE if name in siblings), None)
+    if weight_file is None:
         raise CheckpointError(
             f"{repo_id}@{info.sha}: no PyTorch weights in the repository "
             f"(looked for {', '.join(WEIGHT_FILE_PREFERENCE)})"
         )
+    wanted = [CONFIG_FILE, weight_file]
+    if include_tokenizer:
+        wanted += [name for name in TOKENIZER_FILES if name in siblings]
+    snapshot = Snapshot(directory=Path(), commit=info.sha)
     for filename in wanted:
-        local = Path(hf_hub_download(repo_id, filename, revision=info.sha))
-    snapshot = local.parent
-    if wanted[-1] in (SAFETENSORS_INDEX, PICKLE_INDEX):
-        for shard in dict.fromkeys(read_shard_index(snapshot / wanted[-1], must_exist=False).values()):
-            hf_hub_download(repo_id, shard.name, revision=info.sha)
+        _fetch(repo_id, filename, snapshot, siblings, cache_dir)
+    if weight_file in (SAFETENSORS_INDEX, PICKLE_INDEX):
+        index = snapshot.directory / weight_file
+        for shard in dict.fromkeys(read_shard_index(index, must_exist=False).values()):
+            _fetch(repo_id, shard.name, snapshot, siblings, cache_dir)
     return snapshot
 
 
-def cached_checkpoint(repo_id: str, revision: str | None, reason: str) -> Path:
+def _fetch(repo_id: str, filename: str, snapshot: Snapshot, siblings: dict, cache_dir) -> None:
+    from huggingface_hub import hf_hub_download
+
+    sibling = siblings.get(filename)
+    if sibling is None:
+        raise CheckpointError(f"{repo_id}@{snapshot.commit}: file '{filename}' is named but not in the repository")
+    local = Path(hf_hub_download(repo_id, filename, revision=snapshot.commit, cache_dir=cache_dir))
+    snapshot.directory = local.parent
+    snapshot.files.append(filename)
+    if sibling.lfs is not None:
+        expected = sibling.lfs.sha256
+        verify_sha256(local, expected, repo_id, filename)
+        snapshot.verified_sha256[filename] = expected
+
+
+def cached_snapshot(repo_id: str, revision: str | None, cache_dir, reason: str) -> Snapshot:
+    """The cached snapshot of `repo_id` at `revision`, with no network call; LFS blobs verified by their names."""
     from huggingface_hub import constants, snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+        directory = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True))
     except Exception:
         raise CheckpointError(
-            f"{repo_id}: not found in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {reason}. "
+            f"{repo_id}: not found in the Hugging Face cache ({cache_dir or constants.HF_HUB_CACHE}) and {reason}. "
             f"Download it once with network access, or pass a local directory."
         ) from None
+    snapshot = Snapshot(directory=directory, commit=directory.name)
+    for file in sorted(directory.iterdir()):
+        snapshot.files.append(file.name)
+        # In the cache an LFS file is a link to blobs/<sha256 of its content>: check the content still fits.
+        blob_name = Path(os.readlink(file)).name if file.is_symlink() else ""
+        if _SHA256.fullmatch(blob_name):
+            verify_sha256(file, blob_name, repo_id, file.name)
+            snapshot.verified_sha256[file.name] = blob_name
+    return snapshot
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str, repo_id: str, filename: str) -> None:
+    actual = sha256_of(path)
+    if actual != expected:
+        blob = path.resolve()
+        raise CheckpointError(
+            f"{repo_id}/{filename}: sha256 mismatch: expected {expected}, got {actual} (the file at {blob} is "
+            f"corrupted or was altered). Fix: delete {blob} and {path}, then download again."
+        )

@@ -50,13 +50,11 @@ class MappedKey:
     reason: str = ""
 
 
-def map_key(name: str) -> MappedKey:
-    """Map one checkpoint tensor name to a BertModel parameter name.
+def normalize_name(name: str) -> str:
+    """Steps 1-3: strip wrappers and the `bert.` prefix, rename LayerNorm gamma/beta.
 
-    >>> map_key("bert.embeddings.LayerNorm.gamma").target
-    'embeddings.LayerNorm.weight'
-    >>> map_key("cls.predictions.bias").action
-    'ignored'
+    >>> normalize_name("module.bert.encoder.layer.0.output.LayerNorm.beta")
+    'encoder.layer.0.output.LayerNorm.bias'
     """
     key = name
     stripped = True
@@ -70,9 +68,26 @@ def map_key(name: str) -> MappedKey:
     for old_suffix, new_suffix in RENAMED_SUFFIXES.items():
         if key.endswith(old_suffix):
             key = key[: -len(old_suffix)] + new_suffix
-    for prefix, reason in IGNORED_BY_DESIGN.items():
-        if key.startswith(prefix):
-            return MappedKey(name, None, "ignored", reason)
+    return key
+
+
+def head_reason(normalized: str) -> str | None:
+    """Why a backbone ignores this (normalized) name, or None when it belongs to the backbone."""
+    return next((reason for prefix, reason in IGNORED_BY_DESIGN.items() if normalized.startswith(prefix)), None)
+
+
+def map_key(name: str) -> MappedKey:
+    """Map one checkpoint tensor name to a BertModel parameter name.
+
+    >>> map_key("bert.embeddings.LayerNorm.gamma").target
+    'embeddings.LayerNorm.weight'
+    >>> map_key("cls.predictions.bias").action
+    'ignored'
+    """
+    key = normalize_name(name)
+    reason = head_reason(key)
+    if reason is not None:
+        return MappedKey(name, None, "ignored", reason)
     if key in LEGACY_BUFFERS:
         return MappedKey(
             name, key, "legacy buffer", f"computed by hfbert; stored value must be {LEGACY_BUFFERS[key][0]}"

@@ -1,0 +1,113 @@
+"""`hfbert convert` writes checkpoints transformers loads with nothing missing or unexpected; `hfbert inspect`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hfbert
+from converters import convert as convert_module
+from converters.convert import convert
+
+from conftest import max_difference, minilm_directory
+
+IDS = torch.tensor([[101, 7592, 1010, 2088, 999, 102]])
+
+
+def run_cli(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hfbert.cli", *arguments], capture_output=True, text=True)
+
+
+def transformers_output(directory, model_class="BertModel", **kwargs):
+    import transformers
+
+    model, info = getattr(transformers, model_class).from_pretrained(directory, output_loading_info=True, **kwargs)
+    with torch.no_grad():
+        output = model.eval()(input_ids=IDS)
+    return output, info
+
+
+def test_bert_base_pickle_to_canonical_sharded(tmp_path, bert_base_pickle_dir, bert_base_safetensors_dir):
+    destination = tmp_path / "canonical"
+    result = run_cli("convert", str(bert_base_pickle_dir), str(destination), "--max-shard-size", "200MB")
+    assert result.returncode == 0, result.stderr
+    index = json.loads((destination / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 3
+    assert "cls.predictions.decoder.weight" not in index["weight_map"]  # tied: stored once, as transformers does
+    assert not any("gamma" in name or "beta" in name for name in index["weight_map"])
+    assert (destination / "vocab.txt").read_bytes() == (bert_base_pickle_dir / "vocab.txt").read_bytes()
+
+    pretraining, info = transformers_output(destination, "BertForPreTraining")
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set())
+    original, _ = transformers_output(bert_base_safetensors_dir, "BertForPreTraining")
+    assert max_difference(pretraining.prediction_logits, original.prediction_logits) == 0.0
+    ours = hfbert.BertModel.from_pretrained(destination)
+    reference, _ = transformers_output(bert_base_safetensors_dir)
+    with torch.no_grad():
+        assert max_difference(ours(input_ids=IDS).last_hidden_state, reference.last_hidden_state) <= 1e-5
+
+
+def test_minilm_with_legacy_buffer_to_bfloat16(tmp_path):
+    destination = tmp_path / "bf16"
+    result = run_cli("convert", str(minilm_directory()), str(destination), "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    output, info = transformers_output(destination)
+    assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
+    assert json.loads((destination / "config.json").read_text())["dtype"] == "bfloat16"
+    ours = hfbert.BertModel.from_pretrained(destination)
+    assert ours.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert max_difference(ours(input_ids=IDS).last_hidden_state, output.last_hidden_state) <= 1e-2
+
+
+def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
+    calls = []
+
+    def failing_save(tensors, path, metadata=None):
+        calls.append(path)
+        path.write_bytes(b"partial")
+        raise OSError("disk full")
+
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        convert(minilm_directory(), tmp_path / "out")
+    assert calls and list(tmp_path.iterdir()) == []
+
+
+def test_destination_that_exists_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()
+    result = run_cli("convert", str(minilm_directory()), str(tmp_path / "out"))
+    assert result.returncode == 1 and "already exists" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_shard_size_parsing():
+    assert convert_module.parse_size("2GB") == 2 * 10**9 and convert_module.parse_size("500MiB") == 500 * 2**20
+    with pytest.raises(ValueError, match="max_shard_size"):
+        convert_module.parse_size("lots")
+
+
+def test_inspect_bert_base_layout(bert_base_safetensors_dir):
+    result = run_cli("inspect", str(bert_base_safetensors_dir))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    weights = bert_base_safetensors_dir / "model.safetensors"
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() in text
+    assert "bert.encoder.layer.{0-11}.attention.self.query.weight" in text
+    assert "renamed -> encoder.layer.{0-11}.output.LayerNorm.weight" in text
+    assert text.count("ignored by design") == 7
+    # layout.json's published parameter count of the real model.safetensors
+    assert "total 110,106,428" in text
+
+
+def test_inspect_missing_source_fails_with_one_line():
+    result = run_cli("inspect", "./no/such/dir")
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "not a checkpoint directory" in result.stderr
