@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,25 +71,15 @@ def download(
 ) -> Snapshot:
     """Download (or find in the cache) what hfbert loads from `repo_id`, verified; see the module docstring."""
     from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
 
     if offline or constants.HF_HUB_OFFLINE:
         reason = "offline mode was asked for" if offline else "HF_HUB_OFFLINE is set"
         return cached_snapshot(repo_id, revision, cache_dir, reason)
     try:
-        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
-    except GatedRepoError:
-        raise CheckpointError(
-            f"{repo_id}: gated repository; accept its terms on the Hub and log in (`hf auth login` or HF_TOKEN)"
-        ) from None
-    except RevisionNotFoundError:
-        raise CheckpointError(f"{repo_id}: revision {revision!r} does not exist") from None
-    except RepositoryNotFoundError:
-        raise CheckpointError(
-            f"{repo_id}: no such model repository on {constants.ENDPOINT} (or it is private: log in first)"
-        ) from None
-    except HFValidationError as error:
-        raise CheckpointError(f"{repo_id}: neither a local directory nor a valid repo id ({error})") from None
+        with hub_errors(repo_id, revision):
+            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    except CheckpointError:
+        raise
     except Exception as error:  # no network, DNS failure, timeout, server error: fall back to the cache
         reason = f"the Hub is unreachable ({type(error).__name__}: {error})"
         return cached_snapshot(repo_id, revision, cache_dir, reason)
@@ -109,7 +101,20 @@ def download(
         index = snapshot.directory / weight_file
         for shard in dict.fromkeys(read_shard_index(index, must_exist=False).values()):
             _fetch(repo_id, shard.name, snapshot, siblings, cache_dir)
+    _record_revision(snapshot, revision or "main")
     return snapshot
+
+
+def _record_revision(snapshot: Snapshot, revision: str) -> None:
+    """Point refs/<revision> at the commit, as huggingface_hub does, so offline use of the same revision name
+    finds this snapshot. (Files were fetched by sha, so the client did not write the ref itself.)"""
+    if revision == snapshot.commit:
+        return
+    ref = snapshot.directory.parent.parent / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    temporary = ref.with_name(f".{ref.name}.tmp-{os.getpid()}")
+    temporary.write_text(snapshot.commit)
+    os.replace(temporary, ref)
 
 
 def _fetch(repo_id: str, filename: str, snapshot: Snapshot, siblings: dict, cache_dir) -> None:
@@ -118,13 +123,43 @@ def _fetch(repo_id: str, filename: str, snapshot: Snapshot, siblings: dict, cach
     sibling = siblings.get(filename)
     if sibling is None:
         raise CheckpointError(f"{repo_id}@{snapshot.commit}: file '{filename}' is named but not in the repository")
-    local = Path(hf_hub_download(repo_id, filename, revision=snapshot.commit, cache_dir=cache_dir))
+    try:
+        with hub_errors(repo_id, snapshot.commit):
+            local = Path(hf_hub_download(repo_id, filename, revision=snapshot.commit, cache_dir=cache_dir))
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(
+            f"{repo_id}/{filename}: download failed ({type(error).__name__}: {error}); run the command again to resume"
+        ) from None
     snapshot.directory = local.parent
     snapshot.files.append(filename)
     if sibling.lfs is not None:
         expected = sibling.lfs.sha256
         verify_sha256(local, expected, repo_id, filename)
         snapshot.verified_sha256[filename] = expected
+
+
+@contextmanager
+def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+    """Turn huggingface_hub's access errors into one-line CheckpointErrors that say what to do."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        yield
+    except GatedRepoError:
+        raise CheckpointError(
+            f"{repo_id}: gated repository; accept its terms on the Hub and log in (`hf auth login` or HF_TOKEN)"
+        ) from None
+    except RevisionNotFoundError:
+        raise CheckpointError(f"{repo_id}: revision {revision!r} does not exist") from None
+    except RepositoryNotFoundError:
+        raise CheckpointError(
+            f"{repo_id}: no such model repository on {constants.ENDPOINT} (or it is private: log in first)"
+        ) from None
+    except HFValidationError as error:
+        raise CheckpointError(f"{repo_id}: neither a local directory nor a valid repo id ({error})") from None
 
 
 def cached_snapshot(repo_id: str, revision: str | None, cache_dir, reason: str) -> Snapshot:
