@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from converters.checkpoint_files import SAFETENSORS_FILE, SAFETENSORS_INDEX, read_checkpoint
+from converters.checkpoint_files import read_checkpoint
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES, resolve_checkpoint
-from converters.key_map import BACKBONE_PREFIX, head_reason, normalize_name
+from converters.key_map import BACKBONE_PREFIX, head_of, normalize_name
 from converters.loading import match_checkpoint
+from converters.writing import atomic_directory, parse_size, write_safetensors
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # A decoder weight equal to the word embeddings is tied: transformers does not store it either.
@@ -34,18 +33,13 @@ TIED_DECODER = {
     "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
     "cls.predictions.decoder.bias": "cls.predictions.bias",
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
-def parse_size(text: str | int) -> int:
-    """'2GB' -> 2_000_000_000 (decimal units, as transformers; KiB/MiB/GiB binary)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"max_shard_size {text!r}: expected a size like 500MB or 2GB")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, destination / name)
+    return copied
 
 
 def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[str, Tensor], dict]:
@@ -66,7 +60,7 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[
     normalized = {normalize_name(name): tensor for name, tensor in checkpoint.tensors.items()}
     heads: dict[str, Tensor] = {}
     for name, tensor in normalized.items():
-        if head_reason(name) is None:
+        if head_of(name) is None:
             continue  # backbone tensors and legacy buffers were handled by match_checkpoint
         partner = normalized.get(TIED_DECODER.get(name, ""))
         if partner is not None and torch.equal(partner, tensor):
@@ -81,35 +75,6 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[
         for key in ("dtype", "torch_dtype"):
             config_values[key] = str(dtype).removeprefix("torch.")
     return tensors, config_values
-
-
-def write_safetensors(tensors: dict[str, Tensor], directory: Path, max_shard_size: int) -> list[str]:
-    """Write one file, or shards of at most `max_shard_size` bytes plus an index; return the file names."""
-    from safetensors.torch import save_file
-
-    shards: list[dict[str, Tensor]] = [{}]
-    shard_bytes = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.element_size()
-        if shards[-1] and shard_bytes + size > max_shard_size:
-            shards.append({})
-            shard_bytes = 0
-        # clone: safetensors refuses tensors that share storage (e.g. views into one memory-mapped pickle)
-        shards[-1][name] = tensor.detach().contiguous().clone()
-        shard_bytes += size
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], directory / SAFETENSORS_FILE, metadata=metadata)
-        return [SAFETENSORS_FILE]
-    names = [f"model-{index:05d}-of-{len(shards):05d}.safetensors" for index in range(1, len(shards) + 1)]
-    weight_map = {}
-    for name, shard in zip(names, shards, strict=True):
-        save_file(shard, directory / name, metadata=metadata)
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return [*names, SAFETENSORS_INDEX]
 
 
 def convert(
@@ -128,21 +93,12 @@ def convert(
     destination = Path(destination)
     if destination.exists():
         raise CheckpointError(f"{destination}: already exists; choose a new destination or remove it first")
-    limit = parse_size(max_shard_size)
+    parse_size(max_shard_size)  # a bad size fails before any work
     directory = resolve_checkpoint(source, include_tokenizer=True)
     tensors, config_values = canonical_tensors(directory, dtype)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
-    try:
-        written = write_safetensors(tensors, temporary, limit)
+    with atomic_directory(destination) as temporary:
+        written = write_safetensors(tensors, temporary, max_shard_size)
         (temporary / CONFIG_FILE).write_text(json.dumps(config_values, indent=2) + "\n", encoding="utf-8")
         written.append(CONFIG_FILE)
-        for name in TOKENIZER_FILES:
-            if (directory / name).is_file():
-                shutil.copyfile(directory / name, temporary / name)
-                written.append(name)
-        os.rename(temporary, destination)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
+        written += copy_tokenizer_files(directory, temporary)
     return written

@@ -47,9 +47,13 @@ class Snapshot:
 
 
 def resolve_checkpoint(
-    path_or_repo_id: str | os.PathLike, revision: str | None = None, *, include_tokenizer: bool = False
+    path_or_repo_id: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    include_tokenizer: bool = False,
+    include_weights: bool = True,
 ) -> Path:
-    """A local directory holding config.json and the weights (and tokenizer files, if asked) for the source."""
+    """A local directory holding config.json, the weights and (if asked) the tokenizer files for the source."""
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir():
         if revision is not None:
@@ -58,7 +62,7 @@ def resolve_checkpoint(
     text = str(path_or_repo_id)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1 or os.sep in text.replace("/", ""):
         raise CheckpointError(f"{text}: not a checkpoint directory (expected a folder holding config.json and weights)")
-    return download(text, revision, include_tokenizer=include_tokenizer).directory
+    return download(text, revision, include_tokenizer=include_tokenizer, include_weights=include_weights).directory
 
 
 def download(
@@ -68,6 +72,7 @@ def download(
     cache_dir: str | os.PathLike | None = None,
     offline: bool = False,
     include_tokenizer: bool = False,
+    include_weights: bool = True,
 ) -> Snapshot:
     """Download (or find in the cache) what hfbert loads from `repo_id`, verified; see the module docstring."""
     from huggingface_hub import HfApi, constants
@@ -86,18 +91,20 @@ def download(
 
     siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
     weight_file = next((name for name in WEIGHT_FILE_PREFERENCE if name in siblings), None)
-    if weight_file is None:
+    if weight_file is None and include_weights:
         raise CheckpointError(
             f"{repo_id}@{info.sha}: no PyTorch weights in the repository "
             f"(looked for {', '.join(WEIGHT_FILE_PREFERENCE)})"
         )
-    wanted = [CONFIG_FILE, weight_file]
+    wanted = [CONFIG_FILE] if CONFIG_FILE in siblings or include_weights else []
+    if include_weights:
+        wanted.append(weight_file)
     if include_tokenizer:
         wanted += [name for name in TOKENIZER_FILES if name in siblings]
     snapshot = Snapshot(directory=Path(), commit=info.sha)
     for filename in wanted:
         _fetch(repo_id, filename, snapshot, siblings, cache_dir)
-    if weight_file in (SAFETENSORS_INDEX, PICKLE_INDEX):
+    if include_weights and weight_file in (SAFETENSORS_INDEX, PICKLE_INDEX):
         index = snapshot.directory / weight_file
         for shard in dict.fromkeys(read_shard_index(index, must_exist=False).values()):
             _fetch(repo_id, shard.name, snapshot, siblings, cache_dir)

@@ -3,12 +3,15 @@
 Read the tables top to bottom; `map_key` applies them in that order:
 
 1. wrappers added by training code (`module.` from DDP, `_orig_mod.` from torch.compile) are stripped;
-2. the base-model prefix `bert.` is stripped when loading a backbone;
+2. the base-model prefix `bert.` is stripped, giving a backbone-relative name (`embeddings.word_embeddings...`);
 3. exactly `*.LayerNorm.gamma` / `*.LayerNorm.beta` (2018 TensorFlow-port names) become `weight` / `bias`;
    nothing else named gamma or beta is touched;
-4. names under a task head (`cls.`, ...) are ignored by design: a backbone has no head;
+4. a name under a task head (`HEADS`) goes to that head when the model has it, and is ignored by design when
+   it does not (a backbone has no head; a masked-LM model has no next-sentence head);
 5. legacy buffers that old transformers versions saved are accepted only if their values equal what the
-   model computes (checked in `check_legacy_buffer`).
+   model computes (checked in `check_legacy_buffer`);
+6. everything else belongs to the backbone, under the model's base prefix (`""` for BertModel, `bert.` for the
+   task models, as in transformers).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ RENAMED_SUFFIXES = {
     ".LayerNorm.gamma": ".LayerNorm.weight",
     ".LayerNorm.beta": ".LayerNorm.bias",
 }
-# prefix (after the steps above) -> why a backbone skips it. The value is shown in the load report.
-IGNORED_BY_DESIGN = {
-    "cls.": "pre-training head (masked LM / next sentence); BertModel has no head",
-    "classifier.": "classification head; BertModel has no head",
-    "qa_outputs.": "question-answering head; BertModel has no head",
+# Task heads, by the prefix of their tensors -> what they are (shown in the load report when skipped).
+HEADS = {
+    "cls.predictions.": "masked-LM pre-training head",
+    "cls.seq_relationship.": "next-sentence pre-training head",
+    "classifier.": "classification head",
+    "qa_outputs.": "question-answering head",
 }
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,
 # that value for a given max_position_embeddings).
@@ -71,28 +75,32 @@ def normalize_name(name: str) -> str:
     return key
 
 
-def head_reason(normalized: str) -> str | None:
-    """Why a backbone ignores this (normalized) name, or None when it belongs to the backbone."""
-    return next((reason for prefix, reason in IGNORED_BY_DESIGN.items() if normalized.startswith(prefix)), None)
+def head_of(normalized: str) -> str | None:
+    """The `HEADS` prefix this (normalized) name belongs to, or None for a backbone name."""
+    return next((prefix for prefix in HEADS if normalized.startswith(prefix)), None)
 
 
-def map_key(name: str) -> MappedKey:
-    """Map one checkpoint tensor name to a BertModel parameter name.
+def map_key(name: str, model_heads: tuple[str, ...] = (), base_prefix: str = "") -> MappedKey:
+    """Map one checkpoint tensor name to a parameter name of a model that has `model_heads` (`HEADS` prefixes)
+    and keeps its backbone under `base_prefix`.
 
     >>> map_key("bert.embeddings.LayerNorm.gamma").target
     'embeddings.LayerNorm.weight'
     >>> map_key("cls.predictions.bias").action
     'ignored'
+    >>> map_key("cls.predictions.bias", model_heads=("cls.predictions.",), base_prefix="bert.").action
+    'loaded'
     """
     key = normalize_name(name)
-    reason = head_reason(key)
-    if reason is not None:
-        return MappedKey(name, None, "ignored", reason)
+    head = head_of(key)
+    if head is not None and head not in model_heads:
+        return MappedKey(name, None, "ignored", f"{HEADS[head]}; the model has no such head")
     if key in LEGACY_BUFFERS:
         return MappedKey(
             name, key, "legacy buffer", f"computed by hfbert; stored value must be {LEGACY_BUFFERS[key][0]}"
         )
-    return MappedKey(name, key, "loaded" if key == name else "renamed")
+    target = key if head is not None else base_prefix + key
+    return MappedKey(name, target, "loaded" if target == name else "renamed")
 
 
 def check_legacy_buffer(mapped: MappedKey, tensor: Tensor, max_position_embeddings: int, file: str) -> None:

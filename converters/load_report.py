@@ -20,7 +20,8 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)  # hfbert parameters the checkpoint lacks
     unexpected: list[str] = field(default_factory=list)  # checkpoint names no rule explains
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # name, file, model
-    initialized: list[str] = field(default_factory=list)  # missing parameters freshly initialised (strict=False)
+    new_head: list[str] = field(default_factory=list)  # a task head the checkpoint lacks entirely, initialised
+    initialized: list[str] = field(default_factory=list)  # other missing parameters initialised (strict=False)
 
     @property
     def problems(self) -> list[str]:
@@ -54,6 +55,8 @@ class LoadReport:
             ("unexpected", len(self.unexpected), _examples(self.unexpected)),
             ("shape mismatched", len(self.mismatched), _examples(name for name, _, _ in self.mismatched)),
         ]
+        if self.new_head:
+            rows.append(("new head (initialised)", len(self.new_head), _examples(self.new_head)))
         if self.initialized:
             rows.append(("randomly initialised", len(self.initialized), _examples(self.initialized)))
         width = max(len(label) for label, _, _ in rows)

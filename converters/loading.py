@@ -1,15 +1,20 @@
 """`load_pretrained`: checkpoint directory or repo id -> a validated model in eval mode, in one pass.
 
 1. resolve the source to a local directory (`hub.resolve_checkpoint`);
-2. read config.json into a `BertConfig` and build the model on the meta device (no memory, no random init);
-3. read the tensors (memory-mapped) and map every name through `key_map.map_key`;
+2. read config.json into a `BertConfig` (keyword overrides applied) and build the model on the meta device
+   (no memory, no random init);
+3. read the tensors (memory-mapped) and map every name through `key_map.map_key` for this model's heads;
 4. compare against the model's parameters: missing, unexpected, shape-mismatched -> `LoadReport`;
-5. with `strict=True` any problem raises `CheckpointError` before the model is touched: never half-loaded;
-6. assign the tensors as the parameters (`load_state_dict(assign=True)`), casting only if `dtype` asks.
+5. with `strict=True` any problem raises `CheckpointError` before the model is touched: never half-loaded.
+   One exception, as every fine-tuning recipe expects: a task head the checkpoint does not have at all (a
+   classifier on top of bert-base-uncased) is initialised as transformers does and reported as a new head;
+6. assign the tensors as the parameters (`load_state_dict(assign=True)`), casting only if `dtype` asks, then
+   tie the MLM decoder to the word embeddings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +25,7 @@ from torch import Tensor, nn
 from converters.checkpoint_files import CheckpointTensors, read_checkpoint
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
-from converters.key_map import check_legacy_buffer, map_key
+from converters.key_map import check_legacy_buffer, map_key, normalize_name
 from converters.load_report import LoadReport
 
 
@@ -34,33 +39,57 @@ def load_pretrained(
     attn_implementation: str = "sdpa",
     strict: bool = True,
     output_loading_info: bool = False,
-    model_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> nn.Module | tuple[nn.Module, dict[str, Any]]:
+    """See `BertPreTrainedModel.from_pretrained`. `kwargs` that name config fields override config.json (e.g.
+    `num_labels=3`); the rest go to the model's constructor (e.g. `add_pooling_layer=False`)."""
     from hfbert.config import BertConfig
 
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype={dtype} is not a floating-point dtype")
     directory = resolve_checkpoint(path_or_repo_id, revision)
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
+    config_fields = {field.name for field in dataclasses.fields(BertConfig)}
+    overrides = {key: value for key, value in kwargs.items() if key in config_fields}
+    if overrides:
+        values = config.to_dict()
+        if "num_labels" in overrides and "id2label" not in overrides:
+            values.pop("id2label", None), values.pop("label2id", None)
+        config = BertConfig.from_dict({**values, **overrides}, source=config.source)
     checkpoint = read_checkpoint(directory)
+    constructor_kwargs = {key: value for key, value in kwargs.items() if key not in config_fields}
     with torch.device("meta"):
-        model = model_class(config, attn_implementation=attn_implementation, **(model_kwargs or {}))
+        model = model_class(config, attn_implementation=attn_implementation, **constructor_kwargs)
 
-    expected_shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    state, report = match_checkpoint(checkpoint, expected_shapes, config.max_position_embeddings, str(directory))
+    tied = model.tied_weights()
+    expected_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
+    state, report = match_checkpoint(
+        checkpoint,
+        expected_shapes,
+        config.max_position_embeddings,
+        str(directory),
+        model.heads,
+        model.base_prefix,
+        tied,
+    )
+    for name in _new_head_parameters(report, model.heads):
+        state[name] = initial_value(name, expected_shapes[name], config)
+        report.missing.remove(name)
+        report.new_head.append(name)
     if strict and report.problems:
         raise CheckpointError(_strict_failure_message(directory, report, checkpoint))
-    if not strict:
-        for name in report.missing:
-            state[name] = initial_value(name, expected_shapes[name], config)
-            report.initialized.append(name)
-        for name, _, _ in report.mismatched:
-            state[name] = initial_value(name, expected_shapes[name], config)
-            report.initialized.append(name)
+    for name in report.missing + [name for name, _, _ in report.mismatched]:  # only reached with strict=False
+        state[name] = initial_value(name, expected_shapes[name], config)
+        report.initialized.append(name)
 
     dtype = dtype or _stored_dtype(state, checkpoint)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    left_on_meta = [name for name, parameter in model.named_parameters() if parameter.is_meta]
+    if left_on_meta:  # would be a bug in the checks above; never hand out such a model
+        raise CheckpointError(f"{directory}: internal error: parameters not filled: {', '.join(left_on_meta)}")
+    model.name_or_path = str(directory)
     model.eval()
     if output_loading_info:
         return model, report.to_loading_info()
@@ -72,13 +101,23 @@ def match_checkpoint(
     expected_shapes: dict[str, tuple[int, ...]],
     max_position_embeddings: int,
     source: str,
+    model_heads: tuple[str, ...] = (),
+    base_prefix: str = "",
+    tied: dict[str, str] | None = None,
 ) -> tuple[dict[str, Tensor], LoadReport]:
-    """Map every checkpoint tensor to a model parameter; report what fits and what does not."""
+    """Map every checkpoint tensor to a model parameter; report what fits and what does not.
+
+    `tied` maps parameters that are the same tensor as another (the MLM decoder weight -> the word embeddings):
+    a stored copy must equal its partner, and is then skipped as ignored by design.
+    """
+    tied = tied or {}
     report = LoadReport(source=source)
     state: dict[str, Tensor] = {}
     claimed_by: dict[str, str] = {}
+    tied_copies: list[tuple[str, str, Tensor]] = []
+    has_pooler = base_prefix + "pooler.dense.weight" in expected_shapes
     for name, tensor in checkpoint.tensors.items():
-        mapped = map_key(name)
+        mapped = map_key(name, model_heads, base_prefix)
         file = str(checkpoint.origin[name])
         if mapped.action == "ignored":
             report.ignored_by_design[name] = mapped.reason
@@ -91,8 +130,14 @@ def match_checkpoint(
         if target in claimed_by:
             raise CheckpointError(f"{file}: tensors '{claimed_by[target]}' and '{name}' both map to '{target}'")
         claimed_by[target] = name
+        if target in tied:
+            tied_copies.append((name, target, tensor))
+            continue
         if target not in expected_shapes:
-            report.unexpected.append(name)
+            if normalize_name(name).startswith("pooler.") and not has_pooler:
+                report.ignored_by_design[name] = "pooler; the model is built without one"
+            else:
+                report.unexpected.append(name)
             continue
         if tuple(tensor.shape) != expected_shapes[target]:
             report.mismatched.append((target, tuple(tensor.shape), expected_shapes[target]))
@@ -105,24 +150,39 @@ def match_checkpoint(
         report.loaded.append(target)
         if mapped.action == "renamed":
             report.renamed[name] = target
-    report.missing = [name for name in expected_shapes if name not in state and name not in _names(report.mismatched)]
+    for name, target, tensor in tied_copies:
+        partner = state.get(tied[target])
+        if partner is not None and not (partner.shape == tensor.shape and torch.equal(partner, tensor)):
+            raise CheckpointError(
+                f"{checkpoint.origin[name]}: '{name}' differs from '{tied[target]}', but config.json says they are "
+                f"tied (tie_word_embeddings); set tie_word_embeddings to false to load them separately"
+            )
+        report.ignored_by_design[name] = f"tied to {tied[target]}; stored once"
+    mismatched = {name for name, _, _ in report.mismatched}
+    report.missing = [name for name in expected_shapes if name not in state and name not in mismatched]
     return state, report
 
 
+def _new_head_parameters(report: LoadReport, model_heads: tuple[str, ...]) -> list[str]:
+    """Missing parameters of heads the checkpoint has no tensor of at all (initialised, not an error)."""
+    present = report.loaded + [name for name, _, _ in report.mismatched]
+    new = []
+    for head in model_heads:
+        if not any(name.startswith(head) for name in present):
+            new += [name for name in report.missing if name.startswith(head)]
+    return new
+
+
 def initial_value(name: str, shape: tuple[int, ...], config: Any) -> Tensor:
-    """transformers' initialisation for a parameter the checkpoint lacks (only with strict=False)."""
+    """transformers' initialisation for a parameter the checkpoint lacks."""
     if name.endswith("LayerNorm.weight"):
         return torch.ones(shape)
     if name.endswith("bias"):
         return torch.zeros(shape)
     value = torch.empty(shape).normal_(mean=0.0, std=config.initializer_range)
-    if name == "embeddings.word_embeddings.weight" and config.pad_token_id is not None:
+    if name.endswith("embeddings.word_embeddings.weight") and config.pad_token_id is not None:
         value[config.pad_token_id] = 0.0
     return value
-
-
-def _names(mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]]) -> set[str]:
-    return {name for name, _, _ in mismatched}
 
 
 def _stored_dtype(state: dict[str, Tensor], checkpoint: CheckpointTensors) -> torch.dtype | None:
@@ -143,7 +203,7 @@ def _strict_failure_message(directory: Path, report: LoadReport, checkpoint: Che
     lines += [f"  - {line}" for line in shown]
     if len(report.problems) > len(shown):
         lines.append(f"  ... and {len(report.problems) - len(shown)} more")
-    if report.missing and all(name.startswith("pooler.") for name in report.missing):
+    if report.missing and all(".pooler." in f".{name}" for name in report.missing):
         lines.append("This checkpoint has no pooler: load it with add_pooling_layer=False.")
     lines.append("Nothing was loaded. Pass strict=False to load anyway (missing parameters are then initialised).")
     return "\n".join(lines)

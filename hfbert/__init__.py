@@ -5,8 +5,42 @@
 """
 
 from hfbert.config import BertConfig, ConfigError
+from hfbert.heads import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForNextSentencePrediction,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from hfbert.model import BertModel
 from hfbert.outputs import BertModelOutput
+from hfbert.pretrained import BertPreTrainedModel
 
-__all__ = ["BertConfig", "BertModel", "BertModelOutput", "ConfigError"]
+__all__ = [
+    "BatchEncoding",
+    "BertConfig",
+    "BertForMaskedLM",
+    "BertForMultipleChoice",
+    "BertForNextSentencePrediction",
+    "BertForPreTraining",
+    "BertForQuestionAnswering",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertModel",
+    "BertModelOutput",
+    "BertPreTrainedModel",
+    "BertTokenizer",
+    "ConfigError",
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The tokenizer pulls in the `tokenizers` library; load it on first use so `import hfbert` stays light.
+    if name in ("BertTokenizer", "BatchEncoding"):
+        from hfbert import tokenizer
+
+        return getattr(tokenizer, name)
+    raise AttributeError(f"module 'hfbert' has no attribute {name!r}")

@@ -50,12 +50,35 @@ class BertConfig:
     tie_word_embeddings: bool = True
     output_hidden_states: bool = False
     output_attentions: bool = False
+    # Task heads: labels of a classifier, and how BertForSequenceClassification picks its loss.
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    problem_type: str | None = None
+    # Constructor shortcut, as in transformers: BertConfig(num_labels=3) makes LABEL_0..LABEL_2. Derived from
+    # id2label afterwards and never written to config.json.
+    num_labels: int | None = None
     model_type: str = "bert"
     extra_fields: dict[str, Any] = field(default_factory=dict, repr=False)
     # Where the config came from, so every error can name the file. Not part of config.json.
     source: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.id2label is None or (self.num_labels is not None and self.num_labels != len(self.id2label)):
+            count = self.num_labels if self.num_labels is not None else 2
+            if not _is_integer(count) or count <= 0:
+                raise self._fail("num_labels", f"must be a positive integer, got {count!r}")
+            self.id2label = {index: f"LABEL_{index}" for index in range(count)}
+            self.label2id = None
+        if not isinstance(self.id2label, dict):
+            raise self._fail("id2label", f"must be an object of label index -> name, got {self.id2label!r}")
+        try:
+            # JSON object keys are strings; transformers turns them back into ints.
+            self.id2label = {int(index): name for index, name in self.id2label.items()}
+        except (TypeError, ValueError):
+            raise self._fail("id2label", f"keys must be label indices, got {list(self.id2label)!r}") from None
+        if self.label2id is None:
+            self.label2id = {name: index for index, name in self.id2label.items()}
+        self.num_labels = len(self.id2label)
         self.validate()
 
     # -- validation -------------------------------------------------------------------------------------------
@@ -100,6 +123,10 @@ class BertConfig:
             raise self._fail(
                 "pad_token_id", f"must be None or in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}"
             )
+        if self.problem_type not in PROBLEM_TYPES:
+            raise self._fail("problem_type", f"is {self.problem_type!r}; expected one of {PROBLEM_TYPES}")
+        if self.problem_type == "single_label_classification" and self.num_labels == 1:
+            raise self._fail("problem_type", "'single_label_classification' needs num_labels > 1 (use 'regression')")
         if self.model_type != "bert":
             raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads only 'bert' checkpoints")
 
@@ -125,7 +152,7 @@ class BertConfig:
         where = f"{source}: " if source else ""
         if not isinstance(values, dict):
             raise ConfigError(f"{where}expected a JSON object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source"}  # num_labels is accepted
         typed = {key: value for key, value in values.items() if key in known}
         extra = {key: value for key, value in values.items() if key not in known}
         # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
@@ -151,9 +178,7 @@ class BertConfig:
         return cls.from_dict(values, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        values = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra_fields", "source")
-        }
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_IN_JSON}
         return {**self.extra_fields, **values}
 
     def to_json_string(self) -> str:
@@ -176,6 +201,8 @@ _POSITIVE_INTEGERS = (
     "max_position_embeddings",
     "type_vocab_size",
 )
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+_NOT_IN_JSON = ("extra_fields", "source", "num_labels")
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 
 

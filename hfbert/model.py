@@ -14,16 +14,15 @@ default token type ids are computed in `forward`, never stored.
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from hfbert.activations import ACTIVATIONS
 from hfbert.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.config import BertConfig
 from hfbert.outputs import BertModelOutput
+from hfbert.pretrained import BertPreTrainedModel
 
 
 class BertEmbeddings(nn.Module):
@@ -154,12 +153,14 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(last_hidden_state[:, 0]))
 
 
-class BertModel(nn.Module):
+class BertModel(BertPreTrainedModel):
     """The BERT encoder; a drop-in for `transformers.BertModel` (same state dict keys, forward arguments and
     output fields).
 
     `attn_implementation` is "sdpa" (default; fused kernel) or "eager" (needed for `output_attentions=True`).
     """
+
+    base_prefix = ""
 
     def __init__(
         self, config: BertConfig, add_pooling_layer: bool = True, attn_implementation: str = DEFAULT_ATTENTION
@@ -167,10 +168,12 @@ class BertModel(nn.Module):
         super().__init__()
         self.config = config
         self.attn_implementation = check_attention_implementation(attn_implementation)
+        self.gradient_checkpointing = False
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         # Without a pooler the module tree has no pooler at all, so DDP sees no unused parameters.
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
 
     def forward(
         self,
@@ -207,7 +210,12 @@ class BertModel(nn.Module):
         all_hidden_states = [hidden_states]
         all_attentions = []
         for layer in self.encoder.layer:
-            hidden_states, probabilities = layer(hidden_states, key_mask, self.attn_implementation)
+            if self.gradient_checkpointing and self.training:
+                hidden_states, probabilities = checkpoint(
+                    layer, hidden_states, key_mask, self.attn_implementation, use_reentrant=False
+                )
+            else:
+                hidden_states, probabilities = layer(hidden_states, key_mask, self.attn_implementation)
             all_hidden_states.append(hidden_states)
             all_attentions.append(probabilities)
 
@@ -218,6 +226,10 @@ class BertModel(nn.Module):
             attentions=tuple(all_attentions) if output_attentions else None,
         )
         return output if return_dict is not False else output.to_tuple()
+
+    @property
+    def backbone(self) -> BertModel:
+        return self
 
     @staticmethod
     def key_padding_mask(attention_mask: Tensor | None, hidden_states: Tensor) -> Tensor | None:
@@ -233,59 +245,3 @@ class BertModel(nn.Module):
         # A row with no real token at all attends to every position instead of to nothing: a defined output
         # (never NaN) that is the same in both attention implementations.
         return key_mask | ~key_mask.any(dim=-1, keepdim=True)
-
-    # -- conveniences a transformers user reaches for ---------------------------------------------------------
-    def set_attn_implementation(self, name: str) -> None:
-        self.attn_implementation = check_attention_implementation(name)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, embeddings: nn.Embedding) -> None:
-        self.embeddings.word_embeddings = embeddings
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path_or_repo_id: str | os.PathLike,
-        *,
-        revision: str | None = None,
-        dtype: torch.dtype | None = None,
-        device: str | torch.device | None = None,
-        attn_implementation: str | None = None,
-        strict: bool = True,
-        output_loading_info: bool = False,
-        add_pooling_layer: bool = True,
-    ) -> BertModel | tuple[BertModel, dict[str, Any]]:
-        """Load a BERT checkpoint from a local directory or a Hub repo id, in eval mode.
-
-        The model is built on the meta device and its parameters are assigned the (memory-mapped) checkpoint
-        tensors: no random initialisation and no second copy. `dtype=None` keeps the stored dtype. With
-        `strict=True` (default) every parameter must come from the checkpoint with the right shape, otherwise
-        `converters.CheckpointError` says which. `output_loading_info=True` returns `(model, info)`.
-
-            >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
-            >>> model, info = BertModel.from_pretrained("./my-bert", output_loading_info=True)  # doctest: +SKIP
-            >>> print(info["report"])  # doctest: +SKIP
-        """
-        from converters.loading import load_pretrained
-
-        return load_pretrained(
-            cls,
-            path_or_repo_id,
-            revision=revision,
-            dtype=dtype,
-            device=device,
-            attn_implementation=attn_implementation or DEFAULT_ATTENTION,
-            strict=strict,
-            output_loading_info=output_loading_info,
-            model_kwargs={"add_pooling_layer": add_pooling_layer},
-        )

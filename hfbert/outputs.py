@@ -1,4 +1,4 @@
-"""`BertModelOutput`: named fields that also index like transformers' `ModelOutput`.
+"""Model outputs: named fields that also index like transformers' `ModelOutput`.
 
 `out.last_hidden_state`, `out["last_hidden_state"]` and `out[0]` all work; as in transformers, fields that are
 None are skipped by integer indexing, iteration and `to_tuple()`, and are absent as keys.
@@ -13,13 +13,7 @@ from typing import Any
 from torch import Tensor
 
 
-@dataclass
-class BertModelOutput:
-    last_hidden_state: Tensor
-    pooler_output: Tensor | None = None
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor, ...] | None = None
-
+class ModelOutput:
     def keys(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]
 
@@ -47,3 +41,39 @@ class BertModelOutput:
 
     def __len__(self) -> int:
         return len(self.keys())
+
+
+@dataclass
+class BertModelOutput(ModelOutput):
+    last_hidden_state: Tensor
+    pooler_output: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class PreTrainingOutput(ModelOutput):
+    loss: Tensor | None = None
+    prediction_logits: Tensor | None = None
+    seq_relationship_logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class LogitsOutput(ModelOutput):
+    """Masked LM, next sentence, sequence / token classification and multiple choice (transformers' fields)."""
+
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class QuestionAnsweringOutput(ModelOutput):
+    loss: Tensor | None = None
+    start_logits: Tensor | None = None
+    end_logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hfbert
-from converters import convert as convert_module
+from converters import writing
 from converters.convert import convert
 
 from conftest import max_difference, minilm_directory
@@ -89,9 +89,9 @@ def test_destination_that_exists_is_refused(tmp_path):
 
 
 def test_shard_size_parsing():
-    assert convert_module.parse_size("2GB") == 2 * 10**9 and convert_module.parse_size("500MiB") == 500 * 2**20
+    assert writing.parse_size("2GB") == 2 * 10**9 and writing.parse_size("500MiB") == 500 * 2**20
     with pytest.raises(ValueError, match="max_shard_size"):
-        convert_module.parse_size("lots")
+        writing.parse_size("lots")
 
 
 def test_inspect_bert_base_layout(bert_base_safetensors_dir):

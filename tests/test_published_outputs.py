@@ -52,3 +52,17 @@ def test_hidden_state_slice_matches_published_values():
         atol=expected["atol"],
         rtol=expected["rtol"],
     )
+
+
+def test_fill_mask_matches_published_scores():
+    reachable, reason = checkpoint_reachable()
+    if not reachable:
+        pytest.skip(reason)
+    cases = json.loads((REFERENCE / "expected.json").read_text())["fill_mask"]
+    model = hfbert.BertForMaskedLM.from_pretrained(REPO_ID, revision=REVISION)
+    tokenizer = hfbert.BertTokenizer.from_pretrained(REPO_ID, revision=REVISION)
+    for case in cases:
+        predictions = model.fill_mask(case["text"], tokenizer, top_k=5)
+        assert [(p["token_str"], p["token"]) for p in predictions] == [(t, i) for t, i, _ in case["top5"]]
+        for prediction, (_, _, score) in zip(predictions, case["top5"], strict=True):
+            assert prediction["score"] == pytest.approx(score, abs=1e-4)

@@ -1,0 +1,39 @@
+"""`save_model`: an hfbert model -> the Hugging Face layout transformers writes, atomically.
+
+config.json (with `architectures` naming the class), `model.safetensors` or shards + index (or
+`pytorch_model.bin` when `safe_serialization=False`), tied weights stored once, and the tokenizer files of the
+checkpoint the model was loaded from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import nn
+
+from converters.convert import copy_tokenizer_files
+from converters.hub import CONFIG_FILE
+from converters.writing import atomic_directory, write_pickle, write_safetensors
+
+
+def save_model(
+    model: nn.Module, save_directory: str | os.PathLike, *, safe_serialization: bool = True, max_shard_size: str | int
+) -> list[str]:
+    destination = Path(save_directory)
+    tied = model.tied_weights()
+    tensors = {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
+    config = model.config.to_dict()
+    config["architectures"] = [type(model).__name__]
+    config["dtype"] = str(model.dtype).removeprefix("torch.")
+    with atomic_directory(destination, replace_files=True) as temporary:
+        if safe_serialization:
+            written = write_safetensors(tensors, temporary, max_shard_size)
+        else:
+            written = write_pickle(tensors, temporary)
+        (temporary / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        written.append(CONFIG_FILE)
+        if model.name_or_path and Path(model.name_or_path).is_dir():
+            written += copy_tokenizer_files(Path(model.name_or_path), temporary)
+    return written

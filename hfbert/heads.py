@@ -1,0 +1,439 @@
+"""Task heads on top of `BertModel`, with transformers' module names so checkpoints load both ways.
+
+The encoder is `bert.`; the pre-training heads are `cls.predictions` (masked LM, its decoder tied to the word
+embeddings and its bias to `cls.predictions.bias`) and `cls.seq_relationship` (next sentence); fine-tuning
+heads are `classifier` and `qa_outputs`. Losses follow transformers exactly (including how
+BertForSequenceClassification picks regression / single-label / multi-label).
+
+    >>> import torch, hfbert
+    >>> model = hfbert.BertForSequenceClassification(hfbert.BertConfig(num_hidden_layers=1, num_labels=3))
+    >>> model(input_ids=torch.tensor([[101, 102]]), labels=torch.tensor([2])).logits.shape
+    torch.Size([1, 3])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hfbert.activations import ACTIVATIONS
+from hfbert.attention import DEFAULT_ATTENTION
+from hfbert.config import BertConfig
+from hfbert.model import BertModel
+from hfbert.outputs import LogitsOutput, PreTrainingOutput, QuestionAnsweringOutput
+from hfbert.pretrained import BertPreTrainedModel
+
+MLM_HEAD, NSP_HEAD, CLASSIFIER_HEAD, QA_HEAD = "cls.predictions.", "cls.seq_relationship.", "classifier.", "qa_outputs."
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.LayerNorm(self.activation(self.dense(hidden_states)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        # decoder.weight is tied to the word embeddings and decoder.bias to `bias` (see tied_weights).
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.decoder(self.transform(hidden_states))
+
+
+class BertPreTrainingHeads(nn.Module):
+    """`cls`: the masked-LM head, and the next-sentence head when the model has one."""
+
+    def __init__(self, config: BertConfig, next_sentence: bool, masked_lm: bool = True) -> None:
+        super().__init__()
+        if masked_lm:
+            self.predictions = BertLMPredictionHead(config)
+        if next_sentence:
+            self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class _BertWithHead(BertPreTrainedModel):
+    """Shared by the task models: the encoder call and the transformers-style return."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=add_pooling_layer, attn_implementation=attn_implementation)
+
+    def encode(self, **kwargs: Any) -> Any:
+        return self.bert(**kwargs, return_dict=True)
+
+    @staticmethod
+    def finish(output: Any, return_dict: bool | None) -> Any:
+        return output if return_dict is not False else output.to_tuple()
+
+    def classifier_dropout(self) -> nn.Dropout:
+        probability = self.config.classifier_dropout
+        return nn.Dropout(self.config.hidden_dropout_prob if probability is None else probability)
+
+
+class _MaskedLanguageModel(_BertWithHead):
+    def tied_weights(self) -> dict[str, str]:
+        tied = {"cls.predictions.decoder.bias": "cls.predictions.bias"}
+        if self.config.tie_word_embeddings:
+            tied["cls.predictions.decoder.weight"] = "bert.embeddings.word_embeddings.weight"
+        return tied
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def resize_output_bias(self, new_num_tokens: int) -> None:
+        predictions = self.cls.predictions
+        old = predictions.bias
+        bias = torch.zeros(new_num_tokens, device=old.device, dtype=old.dtype)
+        kept = min(new_num_tokens, old.numel())
+        bias[:kept] = old.detach()[:kept]
+        predictions.bias = nn.Parameter(bias)
+        if not self.config.tie_word_embeddings:
+            decoder = nn.Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
+            with torch.no_grad():
+                decoder.weight.normal_(0.0, self.config.initializer_range)
+                decoder.weight[:kept] = predictions.decoder.weight[:kept]
+            predictions.decoder = decoder
+        predictions.decoder.out_features = new_num_tokens
+
+
+class BertForPreTraining(_MaskedLanguageModel):
+    heads = (MLM_HEAD, NSP_HEAD)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        self.cls = BertPreTrainingHeads(config, next_sentence=True)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        next_sentence_label: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> PreTrainingOutput | tuple:
+        encoded = self.encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        prediction_logits = self.cls.predictions(encoded.last_hidden_state)
+        seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)
+        loss = None
+        if labels is not None and next_sentence_label is not None:
+            loss = F.cross_entropy(prediction_logits.view(-1, self.config.vocab_size), labels.view(-1))
+            loss = loss + F.cross_entropy(seq_relationship_logits.view(-1, 2), next_sentence_label.view(-1))
+        output = PreTrainingOutput(
+            loss, prediction_logits, seq_relationship_logits, encoded.hidden_states, encoded.attentions
+        )
+        return self.finish(output, return_dict)
+
+
+class BertForMaskedLM(_MaskedLanguageModel):
+    heads = (MLM_HEAD,)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        self.cls = BertPreTrainingHeads(config, next_sentence=False)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> LogitsOutput | tuple:
+        encoded = self.encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.cls.predictions(encoded.last_hidden_state)
+        loss = None
+        if labels is not None:  # label -100 marks positions without a target
+            loss = F.cross_entropy(logits.view(-1, self.config.vocab_size), labels.view(-1))
+        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+
+    @torch.no_grad()
+    def fill_mask(self, text: str, tokenizer: Any, top_k: int = 5) -> list[dict[str, Any]]:
+        """Top-k tokens for the single [MASK] in `text`, like transformers' fill-mask pipeline.
+
+        >>> model.fill_mask("Paris is the [MASK] of France.", tokenizer)[0]["token_str"]  # doctest: +SKIP
+        'capital'
+        """
+        encoding = tokenizer(text, return_tensors="pt")
+        input_ids = encoding["input_ids"].to(self.device)
+        positions = (input_ids[0] == tokenizer.mask_token_id).nonzero().flatten()
+        if len(positions) != 1:
+            raise ValueError(
+                f"fill_mask needs exactly one {tokenizer.mask_token!r} in the text, found {len(positions)}"
+            )
+        logits = self(
+            input_ids=input_ids,
+            attention_mask=encoding["attention_mask"].to(self.device),
+            token_type_ids=encoding["token_type_ids"].to(self.device),
+        ).logits[0, positions[0]]
+        scores, token_ids = logits.float().softmax(-1).topk(top_k)
+        results = []
+        for score, token_id in zip(scores.tolist(), token_ids.tolist(), strict=True):
+            filled = input_ids[0].clone()
+            filled[positions[0]] = token_id
+            results.append(
+                {
+                    "score": score,
+                    "token": token_id,
+                    "token_str": tokenizer.decode([token_id]),
+                    "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=True),
+                }
+            )
+        return results
+
+
+class BertForNextSentencePrediction(_BertWithHead):
+    heads = (NSP_HEAD,)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        self.cls = BertPreTrainingHeads(config, next_sentence=True, masked_lm=False)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> LogitsOutput | tuple:
+        encoded = self.encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.cls.seq_relationship(encoded.pooler_output)
+        loss = F.cross_entropy(logits.view(-1, 2), labels.view(-1)) if labels is not None else None
+        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+
+
+class BertForSequenceClassification(_BertWithHead):
+    heads = (CLASSIFIER_HEAD,)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        self.num_labels = config.num_labels
+        self.dropout = self.classifier_dropout()
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def problem_type(self, labels: Tensor) -> str:
+        """transformers' rule when config.problem_type is unset."""
+        if self.config.problem_type is not None:
+            return self.config.problem_type
+        if self.num_labels == 1:
+            return "regression"
+        if labels.dtype in (torch.long, torch.int):
+            return "single_label_classification"
+        return "multi_label_classification"
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> LogitsOutput | tuple:
+        encoded = self.encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.classifier(self.dropout(encoded.pooler_output))
+        loss = None
+        if labels is not None:
+            problem = self.problem_type(labels)
+            if problem == "regression":
+                if self.num_labels == 1:
+                    loss = F.mse_loss(logits.squeeze(), labels.squeeze())
+                else:
+                    loss = F.mse_loss(logits, labels)
+            elif problem == "single_label_classification":
+                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels)
+        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+
+
+class BertForTokenClassification(_BertWithHead):
+    heads = (CLASSIFIER_HEAD,)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        self.num_labels = config.num_labels
+        self.dropout = self.classifier_dropout()
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> LogitsOutput | tuple:
+        encoded = self.encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.classifier(self.dropout(encoded.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+
+
+class BertForQuestionAnswering(_BertWithHead):
+    heads = (QA_HEAD,)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        self.num_labels = config.num_labels
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> QuestionAnsweringOutput | tuple:
+        encoded = self.encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        start_logits, end_logits = self.qa_outputs(encoded.last_hidden_state).split(1, dim=-1)
+        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Positions outside the sequence (answers cut off by truncation) are clamped to one past the end and
+            # ignored, as in transformers.
+            ignored = start_logits.size(1)
+            start = start_positions.view(-1).clamp(0, ignored)
+            end = end_positions.view(-1).clamp(0, ignored)
+            loss = (
+                F.cross_entropy(start_logits, start, ignore_index=ignored)
+                + F.cross_entropy(end_logits, end, ignore_index=ignored)
+            ) / 2
+        output = QuestionAnsweringOutput(loss, start_logits, end_logits, encoded.hidden_states, encoded.attentions)
+        return self.finish(output, return_dict)
+
+
+class BertForMultipleChoice(_BertWithHead):
+    heads = (CLASSIFIER_HEAD,)
+
+    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        self.dropout = self.classifier_dropout()
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> LogitsOutput | tuple:
+        # (batch, choices, sequence) -> (batch * choices, sequence): every choice is encoded as its own row.
+        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(tensor: Tensor | None, trailing: int = 1) -> Tensor | None:
+            return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
+
+        encoded = self.encode(
+            input_ids=flat(input_ids),
+            attention_mask=flat(attention_mask),
+            token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids),
+            inputs_embeds=flat(inputs_embeds, trailing=2),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.classifier(self.dropout(encoded.pooler_output)).view(-1, num_choices)
+        loss = F.cross_entropy(logits, labels) if labels is not None else None
+        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
