@@ -1,7 +1,8 @@
-"""Scaled dot-product attention over a key-padding mask, in two interchangeable implementations.
+"""Multi-head scaled dot-product attention over a key-padding mask, in two interchangeable implementations.
 
-Both take query, key and value shaped (batch, heads, sequence, head_size) and a boolean `key_mask` shaped
-(batch, 1, 1, sequence) that is True where a key may be attended to (or None: attend everywhere).
+`multi_head_attention` takes the query, key and value projections shaped (batch, sequence, hidden) and a boolean
+`key_mask` shaped (batch, 1, 1, sequence) that is True where a key may be attended to (or None: attend
+everywhere), splits the heads, attends, and merges the heads again. The kernel is one of:
 
 - "eager" writes the softmax out and can return the attention probabilities;
 - "sdpa" calls `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel and never
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-AttentionFunction = Callable[[Tensor, Tensor, Tensor, "Tensor | None", float, float], "tuple[Tensor, Tensor | None]"]
+AttentionKernel = Callable[[Tensor, Tensor, Tensor, "Tensor | None", float, float], "tuple[Tensor, Tensor | None]"]
 
 
 def eager_attention(
@@ -40,8 +41,30 @@ def sdpa_attention(
     return output, None
 
 
-ATTENTION_IMPLEMENTATIONS: dict[str, AttentionFunction] = {"eager": eager_attention, "sdpa": sdpa_attention}
+ATTENTION_IMPLEMENTATIONS: dict[str, AttentionKernel] = {"eager": eager_attention, "sdpa": sdpa_attention}
 DEFAULT_ATTENTION = "sdpa"
+
+
+def multi_head_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    num_heads: int,
+    scale: float,
+    dropout: float,
+    implementation: str,
+) -> tuple[Tensor, Tensor | None]:
+    """(batch, sequence, hidden) projections -> (batch, sequence, hidden) context, and the probabilities
+    (batch, heads, query, key) when the implementation computes them."""
+    batch, length, hidden = query.shape
+
+    def split_heads(projected: Tensor) -> Tensor:
+        return projected.view(batch, length, num_heads, hidden // num_heads).transpose(1, 2)
+
+    attend = ATTENTION_IMPLEMENTATIONS[implementation]
+    context, probabilities = attend(split_heads(query), split_heads(key), split_heads(value), key_mask, scale, dropout)
+    return context.transpose(1, 2).reshape(batch, length, hidden), probabilities
 
 
 def check_attention_implementation(name: str) -> str:

@@ -355,6 +355,9 @@ class BertForQuestionAnswering(_BertWithHead):
 
     def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        # Start / end logits at pad positions take part in the loss (as in transformers), so the encoder keeps
+        # computing pad positions instead of running padding-free.
+        self.bert.padding_free = False
         self.num_labels = config.num_labels
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()

@@ -19,9 +19,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from hfbert.activations import ACTIVATIONS
-from hfbert.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION, check_attention_implementation
+from hfbert.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.config import BertConfig
+from hfbert.inputs import check_inputs
 from hfbert.outputs import BertModelOutput
+from hfbert.padding import PackedBatch, PaddedBatch
 from hfbert.pretrained import BertPreTrainedModel
 
 
@@ -69,21 +71,18 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def split_heads(self, projected: Tensor) -> Tensor:
-        batch, sequence, _ = projected.shape
-        return projected.view(batch, sequence, self.num_heads, self.head_size).transpose(1, 2)
-
     def forward(
-        self, hidden_states: Tensor, key_mask: Tensor | None, implementation: str
+        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
     ) -> tuple[Tensor, Tensor | None]:
-        query = self.split_heads(self.query(hidden_states))
-        key = self.split_heads(self.key(hidden_states))
-        value = self.split_heads(self.value(hidden_states))
-        dropout = self.dropout_probability if self.training else 0.0
-        attend = ATTENTION_IMPLEMENTATIONS[implementation]
-        context, probabilities = attend(query, key, value, key_mask, self.scale, dropout)
-        context = context.transpose(1, 2).reshape(hidden_states.shape)
-        return context, probabilities
+        return batch.attend(
+            self.query(hidden_states),
+            self.key(hidden_states),
+            self.value(hidden_states),
+            num_heads=self.num_heads,
+            scale=self.scale,
+            dropout=self.dropout_probability if self.training else 0.0,
+            implementation=implementation,
+        )
 
 
 class BertResidualOutput(nn.Module):
@@ -107,9 +106,9 @@ class BertAttention(nn.Module):
         self.output = BertResidualOutput(config, input_size=config.hidden_size)
 
     def forward(
-        self, hidden_states: Tensor, key_mask: Tensor | None, implementation: str
+        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
     ) -> tuple[Tensor, Tensor | None]:
-        context, probabilities = self.self(hidden_states, key_mask, implementation)
+        context, probabilities = self.self(hidden_states, batch, implementation)
         return self.output(context, hidden_states), probabilities
 
 
@@ -131,9 +130,10 @@ class BertLayer(nn.Module):
         self.output = BertResidualOutput(config, input_size=config.intermediate_size)
 
     def forward(
-        self, hidden_states: Tensor, key_mask: Tensor | None, implementation: str
+        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
     ) -> tuple[Tensor, Tensor | None]:
-        attention_output, probabilities = self.attention(hidden_states, key_mask, implementation)
+        """`hidden_states` is (batch, sequence, hidden) on a PaddedBatch, (tokens, hidden) on a PackedBatch."""
+        attention_output, probabilities = self.attention(hidden_states, batch, implementation)
         layer_output = self.output(self.intermediate(attention_output), attention_output)
         return layer_output, probabilities
 
@@ -158,16 +158,23 @@ class BertModel(BertPreTrainedModel):
     output fields).
 
     `attn_implementation` is "sdpa" (default; fused kernel) or "eager" (needed for `output_attentions=True`).
+    In eval mode, a batch with padding runs padding-free (see `padding.py`) unless `padding_free=False`;
+    outputs at pad positions are then zeros instead of the values a padded computation gives them.
     """
 
     base_prefix = ""
 
     def __init__(
-        self, config: BertConfig, add_pooling_layer: bool = True, attn_implementation: str = DEFAULT_ATTENTION
+        self,
+        config: BertConfig,
+        add_pooling_layer: bool = True,
+        attn_implementation: str = DEFAULT_ATTENTION,
+        padding_free: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
         self.attn_implementation = check_attention_implementation(attn_implementation)
+        self.padding_free = padding_free
         self.gradient_checkpointing = False
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
@@ -189,10 +196,9 @@ class BertModel(BertPreTrainedModel):
         """Run the encoder.
 
         `attention_mask` is (batch, sequence) with 1 (or True) for real tokens and 0 for padding. Returns a
-        `BertModelOutput` (or its `to_tuple()` when `return_dict=False`).
+        `BertModelOutput` (or its `to_tuple()` when `return_dict=False`). Bad inputs raise `ValueError` naming the
+        argument, the limit and the first offending position, before any kernel runs.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if output_attentions is None:
             output_attentions = self.config.output_attentions
         if output_hidden_states is None:
@@ -203,21 +209,38 @@ class BertModel(BertPreTrainedModel):
                 f"{self.attn_implementation!r}, which never computes the probabilities. Load with "
                 f"attn_implementation='eager' or call model.set_attn_implementation('eager')."
             )
+        check_inputs(self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
 
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        key_mask = self.key_padding_mask(attention_mask, hidden_states)
+        if self.runs_padding_free(attention_mask, output_attentions):
+            batch = PackedBatch(attention_mask)
+            if position_ids is None:  # the column index, as in the padded computation
+                position_ids = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+            position_ids = position_ids.expand(attention_mask.shape)
+
+            def packed(tensor: Tensor | None) -> Tensor | None:
+                return None if tensor is None else batch.pack(tensor)
+
+            hidden_states = self.embeddings(
+                packed(input_ids), packed(token_type_ids), packed(position_ids), packed(inputs_embeds)
+            )
+        else:
+            batch = PaddedBatch(self.key_padding_mask(attention_mask))
+            hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
 
         all_hidden_states = [hidden_states]
         all_attentions = []
         for layer in self.encoder.layer:
             if self.gradient_checkpointing and self.training:
                 hidden_states, probabilities = checkpoint(
-                    layer, hidden_states, key_mask, self.attn_implementation, use_reentrant=False
+                    layer, hidden_states, batch, self.attn_implementation, use_reentrant=False
                 )
             else:
-                hidden_states, probabilities = layer(hidden_states, key_mask, self.attn_implementation)
+                hidden_states, probabilities = layer(hidden_states, batch, self.attn_implementation)
             all_hidden_states.append(hidden_states)
             all_attentions.append(probabilities)
+        if isinstance(batch, PackedBatch):
+            hidden_states = batch.unpack(hidden_states)
+            all_hidden_states = [batch.unpack(states) for states in all_hidden_states] if output_hidden_states else []
 
         output = BertModelOutput(
             last_hidden_state=hidden_states,
@@ -227,20 +250,26 @@ class BertModel(BertPreTrainedModel):
         )
         return output if return_dict is not False else output.to_tuple()
 
+    def runs_padding_free(self, attention_mask: Tensor | None, output_attentions: bool) -> bool:
+        """Padding-free when it pays and changes nothing observable: inference on a batch with padding whose
+        first column is real (the pooler reads it; left-padded batches stay padded), no attention maps asked,
+        and not while tracing (torch.compile / export see the padded path, which has no data-dependent shapes)."""
+        if attention_mask is None or self.training or output_attentions or not self.padding_free:
+            return False
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return False
+        real = attention_mask != 0
+        return bool(real[:, 0].all()) and not bool(real.all())
+
     @property
     def backbone(self) -> BertModel:
         return self
 
     @staticmethod
-    def key_padding_mask(attention_mask: Tensor | None, hidden_states: Tensor) -> Tensor | None:
+    def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
         """(batch, sequence) 0/1 mask -> boolean (batch, 1, 1, sequence), True where a key may be attended."""
         if attention_mask is None:
             return None
-        if attention_mask.shape != hidden_states.shape[:2]:
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, sequence) = "
-                f"{tuple(hidden_states.shape[:2])}"
-            )
         key_mask = (attention_mask != 0)[:, None, None, :]
         # A row with no real token at all attends to every position instead of to nothing: a defined output
         # (never NaN) that is the same in both attention implementations.

@@ -131,7 +131,8 @@ def make_batches(vocab_size: int, type_vocab_size: int, hidden_size: int, seed: 
     if type_vocab_size > 1:
         segments[:, width // 2 :] = 1
     left_positions = (left.cumsum(-1) - 1).clamp(min=0)
-    embeds = torch.randn(len(lengths), width, hidden_size, generator=generator)
+    # BERT word embeddings have a standard deviation of about 0.05; inputs_embeds of that scale are realistic.
+    embeds = 0.05 * torch.randn(len(lengths), width, hidden_size, generator=generator)
     return [
         Batch("right padding", dict(input_ids=input_ids * right, attention_mask=right), right.bool()),
         Batch("left padding", dict(input_ids=input_ids * left, attention_mask=left), left.bool()),

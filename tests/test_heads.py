@@ -56,6 +56,7 @@ def labels(class_name: str, generator: torch.Generator, problem: str = "single_l
     batch, length, vocab = 3, 11, CONFIG["vocab_size"]
     masked_lm = torch.randint(0, vocab, (batch, length), generator=generator)
     masked_lm[:, ::2] = -100
+    masked_lm[1:, -3:] = -100  # no targets at pad positions (see inputs()), as data collators do
     if class_name == "BertForPreTraining":
         return dict(labels=masked_lm, next_sentence_label=torch.tensor([0, 1, 0]))
     if class_name == "BertForMaskedLM":
@@ -63,7 +64,9 @@ def labels(class_name: str, generator: torch.Generator, problem: str = "single_l
     if class_name == "BertForNextSentencePrediction":
         return dict(labels=torch.tensor([1, 0, 1]))
     if class_name == "BertForTokenClassification":
-        return dict(labels=torch.randint(0, 3, (batch, length), generator=generator))
+        token_labels = torch.randint(0, 3, (batch, length), generator=generator)
+        token_labels[1:, -3:] = -100
+        return dict(labels=token_labels)
     if class_name == "BertForQuestionAnswering":
         return dict(start_positions=torch.tensor([1, 4, 40]), end_positions=torch.tensor([3, 9, 2]))
     if class_name == "BertForMultipleChoice":
@@ -75,25 +78,32 @@ def labels(class_name: str, generator: torch.Generator, problem: str = "single_l
     return dict(labels=torch.tensor([2, 0, 1]))
 
 
-def compare_outputs(ours, theirs) -> None:
+def compare_outputs(ours, theirs, real: torch.Tensor | None = None) -> None:
+    """Every output field; token-level fields (batch, sequence, ...) only at `real` positions when given."""
     assert list(ours.keys()) == list(theirs.keys()), (ours.keys(), theirs.keys())
     for key in theirs.keys():
         if isinstance(theirs[key], torch.Tensor):
-            assert max_difference(ours[key], theirs[key]) <= TOLERANCE, key
+            token_level = real is not None and theirs[key].shape[:2] == real.shape
+            assert max_difference(ours[key], theirs[key], real if token_level else None) <= TOLERANCE, key
 
 
 @pytest.mark.parametrize("class_name", HEAD_CLASSES)
-def test_logits_and_loss_match_transformers(class_name, tmp_path):
+@pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
+def test_logits_and_loss_match_transformers(class_name, padding_free, tmp_path):
     theirs_model = reference_model(class_name, tmp_path)
     ours_model, info = getattr(hfbert, class_name).from_pretrained(tmp_path, output_loading_info=True)
     assert (info["missing_keys"], info["unexpected_keys"], info["report"].new_head) == ([], [], [])
     assert list(ours_model.state_dict()) == list(theirs_model.state_dict())
+    ours_model.backbone.padding_free = padding_free and class_name != "BertForQuestionAnswering"
     generator = torch.Generator().manual_seed(1)
     batch = inputs(class_name, generator)
     targets = labels(class_name, generator)
+    # Padded: every position equals transformers. Padding-free: outputs at pad positions are zeros by design,
+    # so token-level outputs are compared at real positions.
+    real = batch["attention_mask"].bool() if padding_free and batch["attention_mask"].dim() == 2 else None
     with torch.no_grad():
-        compare_outputs(ours_model(**batch), theirs_model(**batch))
-        compare_outputs(ours_model(**batch, **targets), theirs_model(**batch, **targets))
+        compare_outputs(ours_model(**batch), theirs_model(**batch), real)
+        compare_outputs(ours_model(**batch, **targets), theirs_model(**batch, **targets), real)
         ours_tuple = ours_model(**batch, **targets, return_dict=False)
         theirs_tuple = theirs_model(**batch, **targets, return_dict=False)
     assert len(ours_tuple) == len(theirs_tuple)
@@ -136,6 +146,12 @@ def test_bert_base_uncased_layout_loads_into_pretraining_heads(class_name, bert_
     batch = dict(input_ids=torch.tensor([[101, 2023, 103, 1037, 102, 2000, 102]]))
     with torch.no_grad():
         compare_outputs(model(**batch), reference(**batch))
+
+
+def test_question_answering_stays_padded():
+    # Start / end logits at pad positions take part in transformers' QA loss: the padded path keeps them equal.
+    model = hfbert.BertForQuestionAnswering(hfbert.BertConfig(**CONFIG)).eval()
+    assert model.backbone.padding_free is False
 
 
 def test_pickle_with_stored_decoder_loads_into_masked_lm(bert_base_pickle_dir):

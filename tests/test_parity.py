@@ -92,16 +92,53 @@ def compare(model, reference_model, tolerance: float, device: str = "cpu") -> di
     return worst
 
 
+def on_path(pair: tuple, padding_free: bool) -> tuple:
+    """The padding-free path runs on padded batches in eval mode by default; padding_free=False forces padding."""
+    model, reference_model = pair
+    model.padding_free = padding_free
+    return model, reference_model
+
+
+@pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
 @pytest.mark.parametrize("ours,reference", IMPLEMENTATION_PAIRS)
-def test_real_minilm_weights(ours, reference):
-    compare(*load_pair(minilm_directory(), ours, reference), TOLERANCE_FP32_CPU)
+def test_real_minilm_weights(ours, reference, padding_free):
+    compare(*on_path(load_pair(minilm_directory(), ours, reference), padding_free), TOLERANCE_FP32_CPU)
 
 
+@pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
 @pytest.mark.parametrize("ours,reference", IMPLEMENTATION_PAIRS)
 @pytest.mark.parametrize("file_format", ["safetensors", "pickle"])
-def test_bert_base_uncased_layout(file_format, ours, reference, bert_base_safetensors_dir, bert_base_pickle_dir):
+def test_bert_base_uncased_layout(
+    file_format, ours, reference, padding_free, bert_base_safetensors_dir, bert_base_pickle_dir
+):
     directory = bert_base_safetensors_dir if file_format == "safetensors" else bert_base_pickle_dir
-    compare(*load_pair(directory, ours, reference), TOLERANCE_FP32_CPU)
+    compare(*on_path(load_pair(directory, ours, reference), padding_free), TOLERANCE_FP32_CPU)
+
+
+def test_padding_free_path_is_taken_and_zeroes_pad_positions():
+    import hfbert.padding
+
+    model, reference_model = on_path(load_pair(minilm_directory(), "sdpa", "sdpa"), True)
+    calls = []
+    original = hfbert.padding.PackedBatch.__init__
+
+    def counting(self, attention_mask):
+        calls.append(attention_mask.shape)
+        original(self, attention_mask)
+
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    ids = torch.tensor([[101, 7592, 2088, 999, 102], [101, 102, 0, 0, 0]])
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hfbert.padding.PackedBatch, "__init__", counting)
+        ours = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        model(input_ids=ids, attention_mask=mask.flip(-1))  # left padding: stays padded
+        model.train()
+        model(input_ids=ids, attention_mask=mask)  # training: stays padded (dropout order as transformers)
+        model.eval()
+    assert calls == [(2, 5)]
+    theirs = reference_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert max_difference(ours, theirs, mask.bool()) <= TOLERANCE_FP32_CPU
+    assert torch.equal(ours[1, 2:], torch.zeros_like(ours[1, 2:]))
 
 
 @pytest.mark.parametrize("ours,reference", IMPLEMENTATION_PAIRS)

@@ -1,0 +1,116 @@
+"""`check_inputs`: every argument of `BertModel.forward` checked before any kernel runs.
+
+An id outside the vocabulary, a sequence longer than the position table or a mask of the wrong shape otherwise
+ends deep inside a kernel ("index out of range in self", or a device-side assert on GPU). Here each problem is a
+`ValueError` that names the argument, the limit and the first offending position.
+
+Value checks (ranges) read the tensors, so they are skipped while torch.compile / torch.export / jit trace the
+model: shapes are still checked there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hfbert.config import BertConfig
+
+
+def check_inputs(
+    config: BertConfig,
+    device: torch.device,
+    input_ids: Tensor | None,
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    position_ids: Tensor | None,
+    inputs_embeds: Tensor | None,
+) -> None:
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    if input_ids is not None:
+        _check_tensor("input_ids", input_ids, dimensions=2, integer=True)
+        shape = tuple(input_ids.shape)
+    else:
+        _check_tensor("inputs_embeds", inputs_embeds, dimensions=3, integer=False)
+        if inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds has size {inputs_embeds.shape[-1]} in its last dimension; the model's hidden_size "
+                f"is {config.hidden_size}"
+            )
+        shape = tuple(inputs_embeds.shape[:2])
+    if 0 in shape:
+        raise ValueError(f"empty batch: inputs have shape {shape} (batch, sequence); both must be at least 1")
+    given = {
+        "input_ids": input_ids,
+        "inputs_embeds": inputs_embeds,
+        "attention_mask": attention_mask,
+        "token_type_ids": token_type_ids,
+        "position_ids": position_ids,
+    }
+    for name, tensor in given.items():
+        if tensor is not None and tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} but the model is on {device}; move both to one device")
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, sequence) = {shape}"
+            )
+        if attention_mask.is_complex():
+            raise ValueError(f"attention_mask has dtype {attention_mask.dtype}; expected bool, integer or float 0/1")
+    if token_type_ids is not None:
+        _check_tensor("token_type_ids", token_type_ids, dimensions=2, integer=True)
+        if tuple(token_type_ids.shape) != shape:
+            raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {shape}")
+    if position_ids is not None:
+        _check_tensor("position_ids", position_ids, dimensions=None, integer=True)
+        if position_ids.shape[-1] != shape[1] or position_ids.dim() > 2:
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)}; expected (sequence,), (1, sequence) or "
+                f"(batch, sequence) with sequence = {shape[1]}"
+            )
+    elif shape[1] > config.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {shape[1]} exceeds max_position_embeddings = {config.max_position_embeddings}; "
+            f"truncate the input (tokenizer truncation=True, max_length={config.max_position_embeddings})"
+        )
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return
+    _check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+    _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+    _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        not_binary = (attention_mask != 0) & (attention_mask != 1)
+        if bool(not_binary.any()):
+            position = _first(not_binary)
+            raise ValueError(
+                f"attention_mask must hold 1 for real tokens and 0 for padding; found {attention_mask[position].item()}"
+                f" at position {position} (an additive mask such as 0 / -10000 is not accepted)"
+            )
+
+
+def _check_tensor(name: str, tensor: Tensor, dimensions: int | None, integer: bool) -> None:
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if dimensions is not None and tensor.dim() != dimensions:
+        expected = "(batch, sequence)" if dimensions == 2 else "(batch, sequence, hidden)"
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}; expected {expected}")
+    if integer and (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
+        raise ValueError(f"{name} has dtype {tensor.dtype}; expected an integer dtype (torch.long)")
+    if not integer and not tensor.is_floating_point():
+        raise ValueError(f"{name} has dtype {tensor.dtype}; expected a floating-point dtype")
+
+
+def _check_range(name: str, tensor: Tensor | None, limit: int, field: str) -> None:
+    if tensor is None:
+        return
+    outside = (tensor < 0) | (tensor >= limit)
+    if bool(outside.any()):
+        position = _first(outside)
+        raise ValueError(
+            f"{name} must lie in [0, {limit}) ({field} in config.json); found {tensor[position].item()} at position "
+            f"{position}"
+        )
+
+
+def _first(flags: Tensor) -> tuple[int, ...]:
+    return tuple(int(index) for index in flags.nonzero()[0])

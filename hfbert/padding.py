@@ -1,0 +1,104 @@
+"""Batch layouts for the encoder: padded (`PaddedBatch`) and padding-free (`PackedBatch`).
+
+Every Linear, LayerNorm and activation in BERT works token by token, so in a padded batch the work spent on pad
+positions is pure waste: a batch of sentences of mixed lengths is often more than half padding. `PackedBatch`
+packs the real tokens of a batch into one (tokens, hidden) tensor before the encoder, runs every layer on those
+tokens only, and scatters the result back once at the end. Attention, the only step that mixes tokens, runs per
+sequence: sequences of similar length are gathered into small padded buckets (at most a quarter padding each)
+and attended with the same kernels as the padded path.
+
+Both layouts expose `attend(query, key, value, ...)`, so the layers do not know which one they run on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hfbert.attention import multi_head_attention
+
+# A bucket holds sequences at least this fraction as long as its longest, bounding the padding inside it.
+BUCKET_FILL = 0.75
+
+
+@dataclass
+class PaddedBatch:
+    """The dense layout: (batch, sequence, hidden) with a boolean key mask (batch, 1, 1, sequence) or None."""
+
+    key_mask: Tensor | None
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, Tensor | None]:
+        return multi_head_attention(query, key, value, self.key_mask, **options)
+
+
+@dataclass
+class _Bucket:
+    gather: Tensor  # (sequences, longest): packed row of each position (0 at pad positions)
+    key_mask: Tensor | None  # (sequences, 1, 1, longest), None when all sequences have the same length
+    real: Tensor  # (sequences, longest) bool
+
+
+class PackedBatch:
+    """The real tokens of a padded batch as one (tokens, ...) tensor, in row-major order.
+
+    >>> mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    >>> packed = PackedBatch(mask)
+    >>> packed.pack(torch.arange(6).view(2, 3)).tolist()
+    [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, attention_mask: Tensor) -> None:
+        real = attention_mask != 0
+        self.shape = tuple(real.shape)
+        self.token_index = real.flatten().nonzero().squeeze(1)
+        lengths = real.sum(dim=1)
+        starts = lengths.cumsum(0) - lengths
+        self.buckets = []
+        rows_in_bucket_order = []
+        for members in _length_buckets(lengths.tolist()):
+            member_index = torch.tensor(members, device=real.device)
+            member_lengths, member_starts = lengths[member_index], starts[member_index]
+            longest = int(member_lengths.max())
+            offsets = torch.arange(longest, device=real.device)
+            in_sequence = offsets[None, :] < member_lengths[:, None]
+            gather = torch.where(in_sequence, member_starts[:, None] + offsets[None, :], 0)
+            uniform = bool(in_sequence.all())
+            key_mask = None if uniform else in_sequence[:, None, None, :]
+            self.buckets.append(_Bucket(gather, key_mask, in_sequence))
+            rows_in_bucket_order.append(gather[in_sequence])
+        # Attention outputs come bucket by bucket; this permutation puts them back in packed order.
+        self.restore = torch.argsort(torch.cat(rows_in_bucket_order))
+
+    def pack(self, padded: Tensor) -> Tensor:
+        """(batch, sequence, ...) -> (tokens, ...)."""
+        return padded.flatten(0, 1)[self.token_index]
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        """(tokens, ...) -> (batch, sequence, ...), zeros at pad positions."""
+        batch, sequence = self.shape
+        padded = packed.new_zeros(batch * sequence, *packed.shape[1:])
+        padded = padded.index_copy(0, self.token_index, packed)
+        return padded.view(batch, sequence, *packed.shape[1:])
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, None]:
+        outputs = []
+        for bucket in self.buckets:
+            context, _ = multi_head_attention(
+                query[bucket.gather], key[bucket.gather], value[bucket.gather], bucket.key_mask, **options
+            )
+            outputs.append(context[bucket.real])
+        return torch.cat(outputs)[self.restore], None
+
+
+def _length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Sequence indices grouped so that each group's lengths lie within BUCKET_FILL of its longest."""
+    order = sorted(range(len(lengths)), key=lambda index: -lengths[index])
+    buckets: list[list[int]] = []
+    for index in order:
+        if buckets and lengths[index] >= BUCKET_FILL * lengths[buckets[-1][0]]:
+            buckets[-1].append(index)
+        else:
+            buckets.append([index])
+    return buckets
