@@ -20,6 +20,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)  # hfbert parameters the checkpoint lacks
     unexpected: list[str] = field(default_factory=list)  # checkpoint names no rule explains
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # name, file, model
+    non_finite: list[tuple[str, str]] = field(default_factory=list)  # checkpoint name, what is wrong
     new_head: list[str] = field(default_factory=list)  # a task head the checkpoint lacks entirely, initialised
     initialized: list[str] = field(default_factory=list)  # other missing parameters initialised (strict=False)
 
@@ -33,6 +34,7 @@ class LoadReport:
             f"(from config.json)"
             for name, stored, expected in self.mismatched
         ]
+        lines += [f"not finite: {name} holds {what}" for name, what in self.non_finite]
         return lines
 
     def to_loading_info(self) -> dict[str, Any]:
@@ -54,6 +56,7 @@ class LoadReport:
             ("missing", len(self.missing), _examples(self.missing)),
             ("unexpected", len(self.unexpected), _examples(self.unexpected)),
             ("shape mismatched", len(self.mismatched), _examples(name for name, _, _ in self.mismatched)),
+            ("NaN / Inf values", len(self.non_finite), _examples(name for name, _ in self.non_finite)),
         ]
         if self.new_head:
             rows.append(("new head (initialised)", len(self.new_head), _examples(self.new_head)))

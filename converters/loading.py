@@ -146,6 +146,9 @@ def match_checkpoint(
             raise CheckpointError(
                 f"{file}: tensor '{name}' has dtype {tensor.dtype}; parameters must be floating point"
             )
+        problem = non_finite(tensor)
+        if problem:
+            report.non_finite.append((name, problem))
         state[target] = tensor
         report.loaded.append(target)
         if mapped.action == "renamed":
@@ -161,6 +164,22 @@ def match_checkpoint(
     mismatched = {name for name, _, _ in report.mismatched}
     report.missing = [name for name in expected_shapes if name not in state and name not in mismatched]
     return state, report
+
+
+def non_finite(tensor: Tensor) -> str:
+    """'' when every value is finite, else how many NaN / Inf values and where the first one is.
+
+    A float32 sum is finite exactly when no value is NaN or Inf (short of a sum beyond 3e38, which no trained
+    weight reaches), so the common case reads the tensor once and allocates nothing; only a suspect tensor is
+    scanned element by element.
+    """
+    if torch.isfinite(tensor.sum(dtype=torch.float32)):
+        return ""
+    nan, inf = tensor.isnan(), tensor.isinf()
+    if not (nan.any() or inf.any()):
+        return ""
+    first = tuple(int(i) for i in (nan | inf).nonzero()[0])
+    return f"{int(nan.sum())} NaN and {int(inf.sum())} Inf values, the first at index {first}"
 
 
 def _new_head_parameters(report: LoadReport, model_heads: tuple[str, ...]) -> list[str]:
