@@ -71,8 +71,9 @@ class _BertWithHead(BertPreTrainedModel):
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=add_pooling_layer, attn_implementation=attn_implementation)
 
-    def encode(self, **kwargs: Any) -> Any:
-        return self.bert(**kwargs, return_dict=True)
+    def encode(self, *inputs: Any) -> Any:
+        """The encoder on forward's first seven arguments (input_ids ... output_hidden_states), in that order."""
+        return self.bert(*inputs, return_dict=True)
 
     @staticmethod
     def finish(output: Any, return_dict: bool | None) -> Any:
@@ -131,13 +132,13 @@ class BertForPreTraining(_MaskedLanguageModel):
         return_dict: bool | None = None,
     ) -> PreTrainingOutput | tuple:
         encoded = self.encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         prediction_logits = self.cls.predictions(encoded.last_hidden_state)
         seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)
@@ -172,13 +173,13 @@ class BertForMaskedLM(_MaskedLanguageModel):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         logits = self.cls.predictions(encoded.last_hidden_state)
         loss = None
@@ -242,13 +243,13 @@ class BertForNextSentencePrediction(_BertWithHead):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         logits = self.cls.seq_relationship(encoded.pooler_output)
         loss = F.cross_entropy(logits.view(-1, 2), labels.view(-1)) if labels is not None else None
@@ -288,13 +289,13 @@ class BertForSequenceClassification(_BertWithHead):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.pooler_output))
         loss = None
@@ -335,13 +336,13 @@ class BertForTokenClassification(_BertWithHead):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.last_hidden_state))
         loss = None
@@ -376,13 +377,13 @@ class BertForQuestionAnswering(_BertWithHead):
         return_dict: bool | None = None,
     ) -> QuestionAnsweringOutput | tuple:
         encoded = self.encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         start_logits, end_logits = self.qa_outputs(encoded.last_hidden_state).split(1, dim=-1)
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
@@ -429,13 +430,13 @@ class BertForMultipleChoice(_BertWithHead):
             return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
 
         encoded = self.encode(
-            input_ids=flat(input_ids),
-            attention_mask=flat(attention_mask),
-            token_type_ids=flat(token_type_ids),
-            position_ids=flat(position_ids),
-            inputs_embeds=flat(inputs_embeds, trailing=2),
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            flat(input_ids),
+            flat(attention_mask),
+            flat(token_type_ids),
+            flat(position_ids),
+            flat(inputs_embeds, trailing=2),
+            output_attentions,
+            output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.pooler_output)).view(-1, num_choices)
         loss = F.cross_entropy(logits, labels) if labels is not None else None
