@@ -215,7 +215,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
                 {
                     "score": score,
                     "token": token_id,
-                    "token_str": tokenizer.decode([token_id]),
+                    "token_str": tokenizer.decode([token_id], skip_special_tokens=False),
                     "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=True),
                 }
             )

@@ -1,0 +1,180 @@
+"""`hfbert embed` against sentence-transformers, and `hfbert fill-mask` against transformers' fill-mask pipeline.
+
+300 texts of shuffled lengths, from a text file and from JSONL, read in several chunks: mean pooling + normalize
+on the real all-MiniLM-L6-v2 weights equals `SentenceTransformer(...).encode(normalize_embeddings=True)` row by
+row (cosine >= 0.99999), in input order, as .npy and .jsonl. Under torchrun with 2 processes the output file is
+byte for byte the single-process one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hfbert.cli import main
+from hfbert.parity import default_texts
+
+from conftest import minilm_directory
+
+COSINE = 0.99999
+TEXT_COUNT = 300
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    """Fragments of a few words, whole sentences, runs of sentences and texts over 256 tokens, in random order."""
+    generator = random.Random(0)
+    sentences = default_texts()
+    texts = []
+    for _ in range(TEXT_COUNT):
+        kind = generator.random()
+        if kind < 0.3:
+            texts.append(" ".join(generator.choice(sentences).split()[: generator.randint(1, 4)]))
+        elif kind < 0.7:
+            texts.append(generator.choice(sentences))
+        elif kind < 0.95:
+            texts.append(" ".join(generator.sample(sentences, generator.randint(2, 6))))
+        else:  # longer than the 256 tokens all-MiniLM-L6-v2 reads: truncated, as sentence-transformers does
+            texts.append(" ".join(generator.sample(sentences, 20)))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def reference(texts) -> np.ndarray:
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    model = sentence_transformers.SentenceTransformer(str(minilm_directory()), device="cpu")
+    return model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+
+
+@pytest.fixture(scope="module")
+def inputs(texts, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("inputs")
+    (directory / "texts.txt").write_text("".join(text + "\n" for text in texts), encoding="utf-8")
+    with open(directory / "texts.jsonl", "w", encoding="utf-8") as handle:
+        for number, text in enumerate(texts):
+            handle.write(json.dumps({"id": f"doc-{number}", "text": text}) + "\n")
+    return directory
+
+
+def embed(*arguments) -> int:
+    return main(["embed", str(minilm_directory()), *map(str, arguments)])
+
+
+def assert_matches(embeddings: np.ndarray, reference: np.ndarray) -> None:
+    assert embeddings.shape == reference.shape == (len(reference), 384)
+    assert np.allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-6)
+    cosine = (embeddings * reference).sum(axis=1)  # both unit length
+    worst = int(cosine.argmin())
+    assert cosine.min() >= COSINE, f"text {worst}: cosine {cosine.min()}"
+
+
+def test_text_file_to_npy(inputs, reference, tmp_path):
+    out = tmp_path / "embeddings.npy"
+    arguments = ["--file", inputs / "texts.txt", "--pooling", "mean", "--normalize", "--out", out]
+    assert embed(*arguments, "--chunk-size", 64, "--batch-size", 16) == 0
+    embeddings = np.load(out)
+    assert embeddings.dtype == np.float32
+    assert_matches(embeddings, reference)
+
+
+def test_jsonl_file_to_jsonl(inputs, reference, tmp_path):
+    out = tmp_path / "embeddings.jsonl"
+    assert (
+        embed("--file", inputs / "texts.jsonl", "--pooling", "mean", "--normalize", "--out", out, "--chunk-size", 100)
+        == 0
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [record["index"] for record in records] == list(range(TEXT_COUNT))
+    assert_matches(np.array([record["embedding"] for record in records], dtype=np.float32), reference)
+
+
+def test_texts_as_arguments_to_stdout(texts, reference, capsys):
+    assert embed(*texts[:3], "--pooling", "mean", "--normalize") == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [record["index"] for record in records] == [0, 1, 2]
+    assert_matches(np.array([record["embedding"] for record in records], dtype=np.float32), reference[:3])
+
+
+def test_cls_pooling_without_normalize(texts, tmp_path):
+    import torch
+    import transformers
+
+    out = tmp_path / "cls.npy"
+    assert embed(*texts[:5], "--pooling", "cls", "--out", out) == 0
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(minilm_directory())
+    model = transformers.BertModel.from_pretrained(minilm_directory()).eval()
+    with torch.no_grad():
+        # 256: the max_seq_length of the checkpoint's sentence_bert_config.json, hfbert embed's default
+        batch = tokenizer(texts[:5], padding=True, truncation=True, max_length=256, return_tensors="pt")
+        expected = model(**batch).last_hidden_state[:, 0]
+    assert max(len(ids) for ids in tokenizer(texts[:5])["input_ids"]) > 256  # truncation is exercised
+    assert np.abs(np.load(out) - expected.numpy()).max() <= 1e-5
+
+
+def test_bad_inputs_exit_1_with_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"no text": 1}\n', encoding="utf-8")
+    assert embed("--file", bad, "--out", tmp_path / "x.npy") == 1
+    assert (
+        capsys.readouterr().err.strip() == f'hfbert embed: {bad}:2: expected a JSON object with a string "text" field'
+    )
+    assert embed("some text", "--out", tmp_path / "x.csv") == 1
+    assert ".npy or a .jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_torchrun_two_processes_write_the_single_process_file(suffix, texts, tmp_path):
+    # 61 texts: the two processes get unequal shares (31 and 30). Batch size 1: no padding, so each text is computed
+    # identically whichever process embeds it, and the files can be compared byte for byte.
+    source = tmp_path / "texts.txt"
+    source.write_text("".join(text + "\n" for text in texts[:61]), encoding="utf-8")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = ["-m", "hfbert.cli", "embed", str(minilm_directory()), "--file", str(source), "--pooling", "mean"]
+    command += ["--normalize", "--batch-size", "1", "--chunk-size", "16"]
+    single, double = tmp_path / f"single{suffix}", tmp_path / f"double{suffix}"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    for launcher, out in (([sys.executable], single), (torchrun, double)):
+        result = subprocess.run(
+            [*launcher, *command, "--out", str(out)], capture_output=True, text=True, env=environment
+        )
+        assert result.returncode == 0, result.stderr
+    assert double.read_bytes() == single.read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([source.name, single.name, double.name])
+
+
+FILL_MASK_TEXT = "Paris is the [MASK] of France."
+
+
+def test_fill_mask_equals_the_transformers_pipeline(bert_base_safetensors_dir, capsys):
+    import transformers
+
+    directory = bert_base_safetensors_dir
+    pipeline = transformers.pipeline(
+        "fill-mask",
+        model=transformers.BertForMaskedLM.from_pretrained(directory),
+        tokenizer=transformers.BertTokenizerFast.from_pretrained(directory),
+    )
+    expected = pipeline(FILL_MASK_TEXT, top_k=5)
+    assert main(["fill-mask", str(directory), FILL_MASK_TEXT, "--top-k", "5", "--json"]) == 0
+    predictions = json.loads(capsys.readouterr().out)
+    assert [(p["token"], p["token_str"], p["sequence"]) for p in predictions] == [
+        (e["token"], e["token_str"], e["sequence"]) for e in expected
+    ]
+    assert max(abs(p["score"] - e["score"]) for p, e in zip(predictions, expected, strict=True)) <= 1e-6
+
+    assert main(["fill-mask", str(directory), FILL_MASK_TEXT, "--top-k", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["token", "score", "sequence"] and len(lines) == 4
+    for line, e in zip(lines[1:], expected, strict=False):
+        assert line.startswith(repr(e["token_str"])) and f"{e['score']:.4f}" in line and line.endswith(e["sequence"])
+
+
+def test_fill_mask_refuses_a_checkpoint_without_masked_lm_head(capsys):
+    assert main(["fill-mask", str(minilm_directory()), FILL_MASK_TEXT]) == 1
+    assert "no masked-LM head" in capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""`hfbert parity`: hfbert against transformers, output by output, on real and generated checkpoints.
+
+The command passes on the real all-MiniLM-L6-v2 weights (the full shipped battery) and on the exact
+bert-base-uncased layout (with its MLM head: logits and top-5 compared too); it fails, naming layer 3 as the first
+divergence, when hfbert loads a copy of MiniLM with one tensor of layer 3 changed while transformers loads the
+original; without transformers it says how to install it and exits 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import torch
+
+from hfbert.cli import main
+
+from conftest import minilm_directory
+
+FEW_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital and most populous city of France.",
+    "Why do cats always land on their feet?",
+    "Yes.",
+]
+MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"  # published in the wheel
+
+
+def parity(capsys, *arguments) -> tuple[int, str]:
+    status = main(["parity", *map(str, arguments)])
+    return status, capsys.readouterr().out
+
+
+def table_rows(output: str) -> list[tuple[str, str]]:
+    """(output name, "pass" / "FAIL") for every row of the printed table, in order."""
+    rows = []
+    for line in output.splitlines():
+        for verdict in (" pass", " FAIL"):
+            if verdict in line and not line.startswith(("model", "run", "inputs", "reference")):
+                rows.append((line.split(verdict)[0][:28].strip(), verdict.strip()))
+                break
+    return rows
+
+
+def few_texts_file(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(FEW_TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
+def test_real_minilm_passes_with_full_report(tmp_path, capsys):
+    report_file, plot_file = tmp_path / "report.json", tmp_path / "layers.png"
+    try:
+        import matplotlib  # noqa: F401
+
+        plot = ["--plot", plot_file]
+    except ImportError:
+        plot = []
+    status, output = parity(capsys, minilm_directory(), "--json", report_file, *plot)
+    assert status == 0, output
+    layers = [f"layer {i}" for i in range(6)]
+    expected_rows = ["embeddings", *layers, "pooler", *[f"attentions layer {i}" for i in range(6)]]
+    assert table_rows(output) == [(name, "pass") for name in expected_rows]
+    assert "all 14 outputs match transformers within 1e-05" in output
+
+    report = json.loads(report_file.read_text())
+    assert report["passed"] is True and report["first_divergence"] is None
+    assert (report["device"], report["dtype"], report["attn"], report["tolerance"]) == ("cpu", "float32", "sdpa", 1e-5)
+    import transformers
+
+    assert report["versions"]["transformers"] == transformers.__version__
+    assert report["versions"]["torch"] == torch.__version__
+    weights = minilm_directory() / "model.safetensors"
+    assert report["weight_files"] == [
+        {"name": "model.safetensors", "bytes": weights.stat().st_size, "sha256": MINILM_SHA256}
+    ]
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == MINILM_SHA256
+    cases = {case["name"]: case for case in report["cases"]}
+    assert list(cases) == ["single", "pairs", "right padding", "left padding", "max length"]
+    assert cases["single"]["sequences"] >= 40
+    assert cases["max length"]["longest"] == 512 and cases["max length"]["real_tokens"] == 512
+    assert [row["name"] for row in report["rows"]] == expected_rows
+    for row in report["rows"]:
+        assert row["passed"] and row["max_abs"] <= 1e-5 and row["min_cosine"] >= 0.99999, row
+        assert 0 <= row["mean_abs"] <= row["max_abs"] and row["vectors"] > 0
+        assert list(row["by_case"]) == list(cases)
+        assert max(case["max_abs"] for case in row["by_case"].values()) == row["max_abs"]
+    if plot:
+        assert plot_file.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bert_base_layout_with_masked_lm_head(tmp_path, capsys, bert_base_safetensors_dir):
+    report_file = tmp_path / "report.json"
+    status, output = parity(
+        capsys,
+        bert_base_safetensors_dir,
+        "--attn",
+        "eager",
+        "--texts",
+        few_texts_file(tmp_path),
+        "--batch-size",
+        "3",
+        "--json",
+        report_file,
+    )
+    assert status == 0, output
+    rows = table_rows(output)
+    assert rows[-2:] == [("mlm logits", "pass"), ("mlm top-5", "pass")]
+    assert ("layer 11", "pass") in rows and ("attentions layer 11", "pass") in rows and len(rows) == 28
+    report = json.loads(report_file.read_text())
+    top5 = report["rows"][-1]
+    assert top5["positions"] == sum(case["real_tokens"] for case in report["cases"]) > 512
+    assert top5["disagreements"] == 0
+    assert (
+        report["weight_files"][0]["sha256"]
+        == hashlib.sha256((bert_base_safetensors_dir / "model.safetensors").read_bytes()).hexdigest()
+    )
+
+
+def test_perturbed_layer_is_named_as_first_divergence(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    original = minilm_directory()
+    copy = tmp_path / "perturbed"
+    copy.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(original / name, copy / name)
+    tensors = load_file(original / "model.safetensors")
+    weight = tensors["encoder.layer.3.output.dense.weight"]
+    # Random, not a constant: adding the same value to every weight shifts every output feature equally, which
+    # the LayerNorm right after removes (measured: 1.4e-6, below the tolerance).
+    noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))
+    tensors["encoder.layer.3.output.dense.weight"] = weight + 1e-2 * noise
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+
+    report_file = tmp_path / "report.json"
+    arguments = ["--reference", original, "--attn", "eager", "--texts", few_texts_file(tmp_path), "--json", report_file]
+    status, output = parity(capsys, copy, *arguments)
+    assert status == 1, output
+    rows = table_rows(output)
+    assert next(name for name, verdict in rows if verdict == "FAIL") == "layer 3"
+    assert "first divergence: layer 3" in output
+    failing = {name for name, verdict in rows if verdict == "FAIL"}
+    # Layer 3's attention runs before its output.dense; everything after that dense layer diverges.
+    assert failing == {"layer 3", "layer 4", "layer 5", "pooler", "attentions layer 4", "attentions layer 5"}
+    report = json.loads(report_file.read_text())
+    assert report["passed"] is False and report["first_divergence"] == "layer 3"
+    assert report["reference_path"] == str(original) and report["model_path"] == str(copy)
+    assert report["reference_weight_files"][0]["sha256"] == MINILM_SHA256
+    assert report["weight_files"][0]["sha256"] != MINILM_SHA256
+
+
+def test_without_transformers_says_how_to_install_it():
+    code = (
+        "import sys; sys.modules['transformers'] = None; "
+        "import hfbert, hfbert.cli, hfbert.parity, hfbert.embedding; "
+        f"sys.exit(hfbert.cli.main(['parity', {str(minilm_directory())!r}]))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "pip install 'hfbert[parity]'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+    # And hfbert never imports transformers on its own.
+    code = "import sys, hfbert, hfbert.cli, hfbert.parity, hfbert.embedding; print('transformers' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
