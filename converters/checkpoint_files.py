@@ -71,11 +71,14 @@ def read_shard_index(index_file: Path, must_exist: bool = True) -> dict[str, Pat
     (and to exist)."""
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    # ValueError: also bad UTF-8, bad JSON and integers of more than 4300 digits; RecursionError: deep nesting.
+    except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"{index_file}: cannot read the shard index: {error}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index_file}: expected a 'weight_map' object of tensor name -> shard file name")
+    if not weight_map:
+        raise CheckpointError(f"{index_file}: the 'weight_map' lists no tensors")
     directory = index_file.parent
     shards = {}
     for shard_name in dict.fromkeys(weight_map.values()):
@@ -86,6 +89,9 @@ def read_shard_index(index_file: Path, must_exist: bool = True) -> dict[str, Pat
                 f"{index_file}: shard '{shard_name}' is outside the checkpoint directory; shard names must be plain "
                 f"file names"
             )
+        # A safetensors index never sends a file to the pickle reader.
+        if index_file.name.endswith(".safetensors.index.json") and not shard_name.endswith(".safetensors"):
+            raise CheckpointError(f"{index_file}: shard '{shard_name}' is not a .safetensors file")
         shard = directory / shard_name
         if must_exist and not shard.is_file():
             raise CheckpointError(f"{index_file}: shard '{shard_name}' does not exist in {directory}")
@@ -130,9 +136,9 @@ def _read_pickle(path: Path, checkpoint: CheckpointTensors) -> None:
             f".bin files only with torch.load(weights_only=True) and never runs code from a checkpoint; convert "
             f"trusted files to safetensors."
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({error})") from None
-    if not isinstance(state, dict) or not all(isinstance(t, Tensor) for t in state.values()):
+    except Exception as error:  # a corrupt archive or pickle fails anywhere in torch.load, with any exception type
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or not all(isinstance(n, str) and isinstance(t, Tensor) for n, t in state.items()):
         raise CheckpointError(f"{path}: expected a dict of tensor name -> tensor, got {type(state).__name__}")
     for name, tensor in state.items():
         checkpoint.add(name, tensor, path)

@@ -28,6 +28,9 @@ from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.key_map import check_legacy_buffer, map_key, normalize_name
 from converters.load_report import LoadReport
 
+# The dtypes BERT's kernels run in; fp8 / fp4 storage would load into a model that cannot run.
+PARAMETER_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
 
 def load_pretrained(
     model_class: type[nn.Module],
@@ -142,9 +145,10 @@ def match_checkpoint(
         if tuple(tensor.shape) != expected_shapes[target]:
             report.mismatched.append((target, tuple(tensor.shape), expected_shapes[target]))
             continue
-        if not tensor.is_floating_point():
+        if tensor.dtype not in PARAMETER_DTYPES:
             raise CheckpointError(
-                f"{file}: tensor '{name}' has dtype {tensor.dtype}; parameters must be floating point"
+                f"{file}: tensor '{name}' has dtype {tensor.dtype}; parameters must be one of "
+                f"{', '.join(str(dtype).removeprefix('torch.') for dtype in PARAMETER_DTYPES)}"
             )
         problem = non_finite(tensor)
         if problem:

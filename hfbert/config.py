@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,14 +64,18 @@ class BertConfig:
     source: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.id2label is not None and not isinstance(self.id2label, dict):
+            raise self._fail("id2label", f"must be an object of label index -> name, got {self.id2label!r}")
         if self.id2label is None or (self.num_labels is not None and self.num_labels != len(self.id2label)):
             count = self.num_labels if self.num_labels is not None else 2
-            if not _is_integer(count) or count <= 0:
-                raise self._fail("num_labels", f"must be a positive integer, got {count!r}")
+            if not _is_integer(count) or not 0 < count <= _MAX_LABELS:
+                raise self._fail("num_labels", f"must be an integer in [1, {_MAX_LABELS}], got {count!r}")
             self.id2label = {index: f"LABEL_{index}" for index in range(count)}
             self.label2id = None
-        if not isinstance(self.id2label, dict):
-            raise self._fail("id2label", f"must be an object of label index -> name, got {self.id2label!r}")
+        if not all(isinstance(name, str) for name in self.id2label.values()):
+            raise self._fail("id2label", f"values must be label names (strings), got {list(self.id2label.values())!r}")
+        if self.label2id is not None and not isinstance(self.label2id, dict):
+            raise self._fail("label2id", f"must be an object of label name -> index, got {self.label2id!r}")
         try:
             # JSON object keys are strings; transformers turns them back into ints.
             self.id2label = {int(index): name for index, name in self.id2label.items()}
@@ -92,6 +97,9 @@ class BertConfig:
             value = getattr(self, name)
             if not _is_integer(value) or value <= 0:
                 raise self._fail(name, f"must be a positive integer, got {value!r}")
+            limit = _MAX_LAYERS if name == "num_hidden_layers" else _MAX_SIZE
+            if value > limit:
+                raise self._fail(name, f"is {value}; hfbert supports at most {limit} (is config.json corrupt?)")
         for name in _PROBABILITIES:
             value = getattr(self, name)
             if value is None and name == "classifier_dropout":
@@ -100,7 +108,7 @@ class BertConfig:
                 raise self._fail(name, f"must be a number in [0, 1], got {value!r}")
         for name in ("initializer_range", "layer_norm_eps"):
             value = getattr(self, name)
-            if not _is_number(value) or value <= 0:
+            if not _is_number(value) or not 0 < value < math.inf:
                 raise self._fail(name, f"must be a positive number, got {value!r}")
         if self.hidden_size % self.num_attention_heads != 0:
             raise self._fail(
@@ -114,6 +122,9 @@ class BertConfig:
                 "position_embedding_type",
                 f"is {self.position_embedding_type!r}; hfbert implements only 'absolute' position embeddings",
             )
+        for name in ("tie_word_embeddings", "output_hidden_states", "output_attentions"):
+            if not isinstance(getattr(self, name), bool):
+                raise self._fail(name, f"must be true or false, got {getattr(self, name)!r}")
         for name in ("is_decoder", "add_cross_attention"):
             if getattr(self, name) is not False:
                 raise self._fail(name, "must be false: hfbert is an encoder (no causal mask, no cross-attention)")
@@ -173,7 +184,7 @@ class BertConfig:
             raise ConfigError(f"{path}: cannot read: {error}") from None
         try:
             values = json.loads(text)
-        except json.JSONDecodeError as error:
+        except (ValueError, RecursionError) as error:  # ValueError: also integers of more than 4300 digits
             raise ConfigError(f"{path}: not valid JSON ({error})") from None
         return cls.from_dict(values, source=str(path))
 
@@ -201,6 +212,11 @@ _POSITIVE_INTEGERS = (
     "max_position_embeddings",
     "type_vocab_size",
 )
+# Far above any real BERT, far below sizes whose parameters overflow torch's size arithmetic (even on the meta
+# device) or whose layers and labels take minutes to build: a corrupt config.json fails here, not in torch.
+_MAX_SIZE = 2**24
+_MAX_LAYERS = 256
+_MAX_LABELS = 2**20
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 _NOT_IN_JSON = ("extra_fields", "source", "num_labels")
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
