@@ -211,7 +211,8 @@ class BertModel(BertPreTrainedModel):
             )
         check_inputs(self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
 
-        if self.runs_padding_free(attention_mask, output_attentions):
+        layout = self.batch_layout(attention_mask, output_attentions)
+        if layout == "packed":
             batch = PackedBatch(attention_mask)
             if position_ids is None:  # the column index, as in the padded computation
                 position_ids = torch.arange(attention_mask.shape[1], device=attention_mask.device)
@@ -224,7 +225,7 @@ class BertModel(BertPreTrainedModel):
                 packed(input_ids), packed(token_type_ids), packed(position_ids), packed(inputs_embeds)
             )
         else:
-            batch = PaddedBatch(self.key_padding_mask(attention_mask))
+            batch = PaddedBatch(self.key_padding_mask(attention_mask) if layout == "padded" else None)
             hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
 
         all_hidden_states = [hidden_states]
@@ -250,16 +251,22 @@ class BertModel(BertPreTrainedModel):
         )
         return output if return_dict is not False else output.to_tuple()
 
-    def runs_padding_free(self, attention_mask: Tensor | None, output_attentions: bool) -> bool:
-        """Padding-free when it pays and changes nothing observable: inference on a batch with padding whose
-        first column is real (the pooler reads it; left-padded batches stay padded), no attention maps asked,
-        and not while tracing (torch.compile / export see the padded path, which has no data-dependent shapes)."""
-        if attention_mask is None or self.training or output_attentions or not self.padding_free:
-            return False
+    def batch_layout(self, attention_mask: Tensor | None, output_attentions: bool) -> str:
+        """ "unmasked" when there is no padding (as transformers, the kernels then get no mask at all), "packed"
+        (padding-free) when it pays and changes nothing observable: inference on a batch whose first column is
+        real (the pooler reads it; left-padded batches stay padded) with no attention maps asked; else "padded".
+        While tracing (torch.compile / export / jit) the mask is not inspected: the padded path has no
+        data-dependent shapes."""
+        if attention_mask is None:
+            return "unmasked"
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
-            return False
+            return "padded"
         real = attention_mask != 0
-        return bool(real[:, 0].all()) and not bool(real.all())
+        if bool(real.all()):
+            return "unmasked"
+        if self.training or output_attentions or not self.padding_free or not bool(real[:, 0].all()):
+            return "padded"
+        return "packed"
 
     @property
     def backbone(self) -> BertModel:

@@ -1,0 +1,382 @@
+"""hfbert against transformers: same process, same weights, same inputs. Prints a Markdown table, writes JSON.
+
+    python benchmarks/benchmark.py [--quick] [--json results.json] [--device cpu|cuda] [--repeats N]
+
+Rows (targets are goals printed beside the numbers, never asserts):
+  a    dense fp32, batch 8 x 128 tokens               throughput >= 1.0x transformers and >= 85% of the GEMM rate
+  b    mixed lengths fp32, batches of 32, padded      real tokens/s >= 2.5x transformers
+  c    latency, batch 1 x 16 tokens                   time <= 0.8x transformers'
+  d    a and b in bf16 (and fp16 on CUDA)             >= 1.8x our own fp32 on a; cosine to our fp32 >= 0.999
+  e    cold start: fresh process, import, load, one forward (batch 1 x 16)   wall <= 0.5x, peak RSS <= transformers'
+Weights: a random checkpoint in bert-base-uncased's exact file layout (or --checkpoint DIR). Mixed lengths are
+log-normal (median 60, sigma 0.6, clipped to 8..512; 32% of the padded tokens are real). Timed runs alternate
+ours, theirs, ours, ... after a warm-up, and the 2048^3 GEMM probe runs inside the dense rows' loop. Cold starts
+read the checkpoint from the page cache. Model FLOPs are "useful" FLOPs, counted on real tokens only (padding
+is waste, not work): per sequence of real length s, 2 * s * (matmul weights of the layers) + 4 * L * s^2 * d for
+attention; embeddings, pooler, LayerNorm, GELU and softmax are not counted. The report says how busy other
+processes kept the cores: on a shared 2-core machine that moves every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+import hfbert
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT.parent / "shared" / "reference" / "bert-base-uncased"
+LENGTH_MEDIAN, LENGTH_SIGMA, MIXED_BATCH = 60, 0.6, 32  # log-normal lengths: median 60, about 32% real tokens
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# -- machine, checkpoint, inputs -----------------------------------------------------------------------------------
+def machine_info(device: str) -> dict:
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line for line in lines if line.startswith("flags")), "").split()
+    import transformers
+
+    info = {
+        "cpu": cpu or platform.processor(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        # Other processes on these few cores skew every number: say how busy the machine was.
+        "load_before": os.getloadavg()[0],
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine has been busy, CPU seconds of this process and its children), Linux only."""
+    if not Path("/proc/stat").exists():
+        return None
+    fields = [int(value) for value in Path("/proc/stat").read_text().split()[1:9]]
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    own = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system + own.children_user + own.children_system
+
+
+def others_cores(before, after, seconds: float) -> float | None:
+    """Cores that other processes kept busy on average during the run: a shared machine skews every number."""
+    if before is None:
+        return None
+    return ((after[0] - before[0]) - (after[1] - before[1])) / seconds
+
+
+def make_checkpoint(directory: Path) -> Path:
+    """A random checkpoint in bert-base-uncased's real file layout (`bert.` prefix, LayerNorm gamma/beta, cls.*
+    heads), so both loaders take the same renaming path they take on the real file."""
+    if (directory / "model.safetensors").exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    layout = json.loads((REFERENCE / "layout.json").read_text())["model.safetensors.tensors"]
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, spec in layout.items():
+        if name.endswith("gamma"):
+            tensors[name] = torch.ones(spec["shape"])
+        elif name.endswith("beta"):
+            tensors[name] = torch.zeros(spec["shape"])
+        else:
+            tensors[name] = torch.randn(spec["shape"], generator=generator) * 0.02
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "config.json").write_text((REFERENCE / "config.json").read_text())
+    return directory
+
+
+def batch(lengths: list[int], seed: int, device: str) -> dict[str, torch.Tensor]:
+    """[CLS] random words [SEP], right-padded with 0 to the longest; attention_mask marks the real tokens."""
+    ids = torch.randint(1000, 30000, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed))
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+    ids[:, 0] = 101
+    ids[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = 102
+    inputs = {"input_ids": ids * mask, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
+    return {key: value.to(device) for key, value in inputs.items()}
+
+
+def mixed_batches(count: int, device: str) -> list[dict]:
+    """The first `count` of one fixed draw of 256 lengths (so --quick runs a prefix of the default workload), in
+    input order, no sorting: what a caller streaming documents sends."""
+    generator = torch.Generator().manual_seed(0)
+    draw = torch.exp(math.log(LENGTH_MEDIAN) + LENGTH_SIGMA * torch.randn(256, generator=generator))
+    lengths = draw.round().clamp(8, 512).long().tolist()[:count]
+    return [batch(lengths[i : i + MIXED_BATCH], seed=i, device=device) for i in range(0, count, MIXED_BATCH)]
+
+
+def useful_flops(batches: list[dict], config: hfbert.BertConfig) -> float:
+    d, layers = config.hidden_size, config.num_hidden_layers
+    weights = layers * (4 * d * d + 2 * d * config.intermediate_size)  # 84.93M for bert-base
+    lengths = torch.cat([b["attention_mask"].sum(dim=1) for b in batches]).double()
+    return float((2 * weights * lengths + 4 * layers * d * lengths**2).sum())
+
+
+def real_tokens(batches: list[dict]) -> int:
+    return int(sum(b["attention_mask"].sum() for b in batches))
+
+
+# -- timing ----------------------------------------------------------------------------------------------------------
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()  # kernels are asynchronous: without this we would time the launches only
+
+
+def interleaved(runners: dict, batches: list[dict], repeats: int, warmup: int, device: str) -> tuple[dict, dict]:
+    """Seconds per pass over `batches` for each runner (a model, or the GEMM probe). Batch by batch the runners
+    take turns (ours, theirs, ours, ...), so drift such as another process on these few cores hits all alike.
+    Also returns each runner's outputs from its last pass, for the accuracy checks."""
+    times = {name: [0.0] * repeats for name in runners}
+    outputs = {name: [None] * len(batches) for name in runners}
+    for step in range(warmup + repeats):
+        for index, inputs in enumerate(batches):
+            for name, run in runners.items():
+                synchronize(device)
+                start = time.perf_counter()
+                outputs[name][index] = run(inputs)
+                synchronize(device)
+                if step >= warmup:
+                    times[name][step - warmup] += time.perf_counter() - start
+    return times, outputs
+
+
+def forward(model):
+    return lambda inputs: model(**inputs).last_hidden_state
+
+
+def gemm_probe(dtype: torch.dtype, device: str, n: int = 2048) -> tuple:
+    """An n^3 matmul, the ceiling a model made of Linear layers can approach, and its FLOPs (in GFLOP). It runs
+    inside the dense row's loop, so both rates are measured under the same conditions."""
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    return lambda _: torch.matmul(a, b), 2 * n**3 / 1e9
+
+
+def per_second(amount: float, times: dict) -> dict:
+    return {name: amount / statistics.median(seconds) for name, seconds in times.items()}
+
+
+def min_cosine(outputs: list[torch.Tensor], reference: list[torch.Tensor], batches: list[dict]) -> float:
+    """Worst cosine similarity over real tokens (what a model returns at pad positions is not defined)."""
+    worst = 1.0
+    for out, ref, inputs in zip(outputs, reference, batches, strict=True):
+        real = inputs["attention_mask"].bool()
+        worst = min(worst, F.cosine_similarity(out[real].double(), ref[real].double(), dim=-1).min().item())
+    return worst
+
+
+# -- models ----------------------------------------------------------------------------------------------------------
+def load_pair(checkpoint: Path, dtype: torch.dtype, device: str) -> dict:
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # the cls.* "unexpected keys" report is expected here
+    ours = hfbert.BertModel.from_pretrained(checkpoint, dtype=dtype, device=device, attn_implementation="sdpa")
+    theirs = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype)
+    return {"hfbert": ours.eval(), "transformers": theirs.to(device).eval()}
+
+
+COLD_START = """
+import sys, torch
+which, path, device = sys.argv[1:]
+if which == "hfbert":
+    import hfbert
+    model = hfbert.BertModel.from_pretrained(path, device=device, attn_implementation="sdpa")
+else:
+    import transformers
+    model = transformers.BertModel.from_pretrained(path, attn_implementation="sdpa").to(device).eval()
+ids = torch.randint(1000, 30000, (1, 16), device=device)
+with torch.inference_mode():
+    model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state.sum().item()
+print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")))  # peak RSS, kB
+"""
+
+
+def cold_start(which: str, checkpoint: Path, device: str) -> tuple[float, float]:
+    """Wall seconds as a user waits for them (parent clock around the whole process) and the child's peak RSS."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", COLD_START, which, str(checkpoint), device], capture_output=True, text=True, env=env
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"cold start of {which} failed:\n{done.stderr[-3000:]}")
+    return wall, int(done.stdout.split()[-1]) / 1024
+
+
+# -- rows ------------------------------------------------------------------------------------------------------------
+def row(name: str, values: dict, unit: str, goal: tuple | None = None, **numbers) -> dict:
+    """One table row. `ratio` is hfbert / transformers of the shown quantity; `goal` = (">=" or "<=", bound)."""
+    ratio = values["hfbert"] / values["transformers"]
+    new = {"row": name, **values, "unit": unit, "ratio": ratio, "target": "", "pass": True, **numbers}
+    if goal:
+        add_target(new, f"{goal[0]} {goal[1]:.2f}x", ratio >= goal[1] if goal[0] == ">=" else ratio <= goal[1])
+    return new
+
+
+def add_target(row: dict, text: str, met: bool) -> None:
+    row["target"] = f"{row['target']}; {text}" if row["target"] else text
+    row["pass"] = row["pass"] and met
+
+
+def throughput_rows(labels, dtype, models, dense, mixed, args, config) -> tuple[list[dict], dict]:
+    """Rows a and b (or d-a and d-b): the dense batch, then the mixed-length set."""
+    precision = DTYPE_NAMES[dtype]
+    runners = {name: forward(model) for name, model in models.items()}
+    probe, probe_gflop = gemm_probe(dtype, args.device)
+    dense_times, dense_out = interleaved({**runners, "gemm": probe}, [dense], args.repeats, 1, args.device)
+    gemm = per_second(probe_gflop, {"gemm": dense_times.pop("gemm")})["gemm"]
+    # A pass over the mixed set takes a minute or more on CPU: the dense warm-up serves it, with fewer repeats.
+    mixed_times, mixed_out = interleaved(runners, mixed, args.mixed_repeats, 0, args.device)
+    gflops = per_second(useful_flops([dense], config) / 1e9, dense_times)
+    share = {model: value / gemm for model, value in gflops.items()}
+    label = f"{labels[0]}. dense {precision} 8x128"
+    dense_row = row(label, per_second(real_tokens([dense]), dense_times), "tok/s", (">=", 1.0))
+    dense_row.update(gemm_gflops=gemm, useful_gflops=gflops, gemm_share=share, seconds=dense_times)
+    shares = f"{share['hfbert']:.0%} (theirs {share['transformers']:.0%})"
+    add_target(dense_row, f">= 85% of GEMM: {shares}", share["hfbert"] >= 0.85)
+    label = f"{labels[1]}. mixed {precision} {len(mixed) * MIXED_BATCH} seqs"
+    mixed_row = row(label, per_second(real_tokens(mixed), mixed_times), "real tok/s", (">=", 2.5))
+    padded = sum(inputs["input_ids"].numel() for inputs in mixed)
+    mixed_row.update(seconds=mixed_times, real_tokens=real_tokens(mixed), padded_tokens=padded)
+    mixed_row["useful_gflop"] = useful_flops(mixed, config) / 1e9
+    return [dense_row, mixed_row], {"dense": dense_out, "mixed": mixed_out}
+
+
+def low_precision_rows(dtype, checkpoint, dense, mixed, fp32_rows, fp32_outputs, args, config) -> list[dict]:
+    """Row d for one dtype: a and b again, our speed-up over our own fp32, and accuracy against fp32."""
+    models = load_pair(checkpoint, dtype, args.device)
+    rows, outputs = throughput_rows(("d-a", "d-b"), dtype, models, dense, mixed, args, config)
+    speedup = rows[0]["hfbert"] / fp32_rows[0]["hfbert"]
+    rows[0]["own_fp32_speedup"] = speedup
+    add_target(rows[0], f">= 1.80x own fp32: {speedup:.2f}x", speedup >= 1.8)
+    parts = {"dense": [dense], "mixed": mixed}
+    cosine = {
+        model: min(min_cosine(outputs[part][model], fp32_outputs[part][model], parts[part]) for part in parts)
+        for model in models
+    }
+    rows.append(row(f"d-cos. {DTYPE_NAMES[dtype]} vs own fp32, min cosine", cosine, "cos"))
+    add_target(rows[-1], ">= 0.999 (ours)", cosine["hfbert"] >= 0.999)
+    return rows
+
+
+def cold_start_rows(checkpoint: Path, args) -> list[dict]:
+    runs = {"hfbert": [], "transformers": []}
+    for _ in range(args.cold_repeats):
+        for which in runs:  # interleaved; the checkpoint is in the page cache for both (it was just written or read)
+            runs[which].append(cold_start(which, checkpoint, args.device))
+    wall = {which: statistics.median(run[0] for run in results) for which, results in runs.items()}
+    rss = {which: statistics.median(run[1] for run in results) for which, results in runs.items()}
+    return [
+        row("e. cold start wall", wall, "s", ("<=", 0.5), runs=runs),
+        row("e. cold start peak RSS", rss, "MiB", ("<=", 1.0)),
+    ]
+
+
+# -- output ----------------------------------------------------------------------------------------------------------
+def show(value: float, unit: str) -> str:
+    if unit == "cos":
+        return f"{value:.6f}"
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+
+
+def print_report(machine: dict, rows: list[dict], seconds: float) -> None:
+    print(
+        f"\nMachine: {machine['cpu']} ({'with' if machine['avx512_bf16'] else 'no'} AVX-512 bf16), {machine['cores']} "
+        f"cores, {machine['device']}"
+        + (f" ({machine['gpu']})" if "gpu" in machine else "")
+        + f"; torch {machine['torch']} ({machine['threads']} threads), transformers {machine['transformers']}, "
+        f"Python {machine['python']}"
+    )
+    if machine["others_cores"] is not None:
+        print(
+            f"Other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy during the run "
+            f"(load average before it {machine['load_before']:.2f}); well above 0 means contended numbers."
+        )
+    print("\n| row | hfbert | transformers | ratio | target | |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['row']} | {show(r['hfbert'], r['unit'])} | {show(r['transformers'], r['unit'])} "
+            f"| {r['ratio']:.2f}x | {r['target']} | {'PASS' if r['pass'] else 'MISS'} |"
+        )
+    print("\nratio = hfbert / transformers of the shown quantity. Useful FLOPs count real tokens only.")
+    for r in rows:
+        if "gemm_gflops" in r:
+            print(
+                f"{r['row']}: GEMM 2048^3 {r['gemm_gflops']:.0f} GFLOP/s; useful GFLOP/s hfbert "
+                f"{r['useful_gflops']['hfbert']:.0f}, transformers {r['useful_gflops']['transformers']:.0f}"
+            )
+        if "padded_tokens" in r:
+            print(
+                f"{r['row']}: {r['real_tokens']} real of {r['padded_tokens']} padded tokens "
+                f"({r['real_tokens'] / r['padded_tokens']:.0%}), {r['useful_gflop']:.0f} useful GFLOP per pass"
+            )
+    print(f"Total run time {seconds:.0f} s.")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, 64 mixed sequences (< 2 min on 2 cores)")
+    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--repeats", type=int, help="timed passes of a, d-a, GEMM and (x5) c; default 10, quick 3")
+    parser.add_argument("--checkpoint", type=Path, help="checkpoint directory (a random one is written if empty)")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
+    args.repeats = args.repeats or (3 if args.quick else 10)
+    args.mixed_repeats = max(1, args.repeats // 5)  # a mixed pass is ~50x a dense one: a fifth of the repeats
+    args.cold_repeats = 1 if args.quick else 3
+    args.mixed_count = 64 if args.quick else 256
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    started, cpu_before = time.perf_counter(), cpu_seconds()
+    machine = machine_info(args.device)
+    low_precision = [torch.float16, torch.bfloat16] if args.device == "cuda" else [torch.bfloat16]
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        checkpoint = make_checkpoint(args.checkpoint or Path(tmp) / "bert-base-random")
+        config = hfbert.BertConfig.from_json_file(checkpoint / "config.json")
+        dense, short = batch([128] * 8, 1000, args.device), batch([16], 1001, args.device)
+        mixed = mixed_batches(args.mixed_count, args.device)
+        models = load_pair(checkpoint, torch.float32, args.device)
+        rows, fp32_outputs = throughput_rows(("a", "b"), torch.float32, models, dense, mixed, args, config)
+        # Batch 1 is where per-op overhead shows: many short timings, their median.
+        latency, _ = interleaved({n: forward(m) for n, m in models.items()}, [short], 5 * args.repeats, 3, args.device)
+        ms = {name: 1000 * statistics.median(seconds) for name, seconds in latency.items()}
+        rows.append(row("c. latency 1x16", ms, "ms", ("<=", 0.8), seconds=latency))
+        del models
+        for dtype in low_precision:
+            rows += low_precision_rows(dtype, checkpoint, dense, mixed, rows[:2], fp32_outputs, args, config)
+        rows += cold_start_rows(checkpoint, args)
+    seconds = time.perf_counter() - started
+    machine["others_cores"] = others_cores(cpu_before, cpu_seconds(), seconds)
+    print_report(machine, rows, seconds)
+    if args.json:
+        report = {"machine": machine, "rows": rows, "seconds": seconds, "args": vars(args)}
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
