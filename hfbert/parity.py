@@ -34,7 +34,6 @@ transformers is the reference, not a dependency: it is imported only inside thes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -436,15 +435,9 @@ def load_reference(transformers: Any, class_name: str, directory: Path, attn: st
 
 
 def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
-    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": _sha256(file)} for file in files]
+    from converters.hub import sha256_of
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
 
 
 def run_parity(

@@ -67,16 +67,20 @@ def write_random_transformers_checkpoint(directory: Path, seed: int = 0, **confi
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.BertConfig(**config_fields)
-    model = transformers.BertModel(config)
+    model = randomize_weights(transformers.BertModel(transformers.BertConfig(**config_fields)))
+    model.save_pretrained(directory)
+    return directory
+
+
+def randomize_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """Weights far from transformers' tiny init (std 0.1, LayerNorm around 1), so that any difference shows."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("LayerNorm.weight"):
                 parameter.copy_(1.0 + 0.1 * torch.randn_like(parameter))
             else:
                 parameter.normal_(0.0, 0.1)
-    model.save_pretrained(directory)
-    return directory
+    return model
 
 
 SMALL_CONFIG = dict(

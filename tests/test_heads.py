@@ -7,7 +7,7 @@ import torch
 
 import hfbert
 
-from conftest import SMALL_CONFIG, max_difference
+from conftest import SMALL_CONFIG, max_difference, randomize_weights
 
 TOLERANCE = 1e-5
 HEAD_CLASSES = [
@@ -29,13 +29,7 @@ def reference_model(class_name: str, directory, seed: int = 0, **config_fields):
     if class_name == "BertForQuestionAnswering":
         config_fields.setdefault("num_labels", 2)  # start and end logits
     torch.manual_seed(seed)
-    model = getattr(transformers, class_name)(transformers.BertConfig(**{**CONFIG, **config_fields}))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
-                parameter.copy_(1.0 + 0.1 * torch.randn_like(parameter))
-            else:
-                parameter.normal_(0.0, 0.1)
+    model = randomize_weights(getattr(transformers, class_name)(transformers.BertConfig(**{**CONFIG, **config_fields})))
     model.save_pretrained(directory)
     return model.eval()
 
