@@ -59,10 +59,24 @@ def resolve_checkpoint(
         if revision is not None:
             raise CheckpointError(f"{path}: revision={revision!r} applies to Hub repo ids, not to a local directory")
         return path
-    text = str(path_or_repo_id)
-    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1 or os.sep in text.replace("/", ""):
+    text = os.fspath(path_or_repo_id)
+    if looks_like_local_path(path_or_repo_id):
         raise CheckpointError(f"{text}: not a checkpoint directory (expected a folder holding config.json and weights)")
     return download(text, revision, include_tokenizer=include_tokenizer, include_weights=include_weights).directory
+
+
+def looks_like_local_path(path_or_repo_id: str | os.PathLike) -> bool:
+    """True for what can only be a path (a Path object, ./x, /x, ~/x, a/b/c, backslashes, an existing file),
+    False for what may be a Hub repo id ("name" or "org/name")."""
+    text = os.fspath(path_or_repo_id)
+    return (
+        not isinstance(path_or_repo_id, str)
+        or Path(text).expanduser().exists()
+        or text.startswith((".", "/", "~"))
+        or text.count("/") > 1
+        or "\\" in text
+        or os.sep in text.replace("/", "")
+    )
 
 
 def download(

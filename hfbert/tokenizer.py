@@ -243,11 +243,11 @@ def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None) -
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir() and revision is None:
         return path
-    text = os.fspath(path_or_repo_id)
-    looks_local = not isinstance(path_or_repo_id, str) or text.startswith((".", "/", "~")) or text.count("/") > 1
-    if not path.is_dir() and (looks_local or path.exists() or "\\" in text):
-        raise FileNotFoundError(f"{text}: no such tokenizer directory")
-    from converters.hub import resolve_checkpoint  # huggingface_hub is imported only for Hub repo ids
+    # converters.hub imports huggingface_hub only when a repo id is resolved
+    from converters.hub import looks_like_local_path, resolve_checkpoint
+
+    if not path.is_dir() and looks_like_local_path(path_or_repo_id):
+        raise FileNotFoundError(f"{os.fspath(path_or_repo_id)}: no such tokenizer directory")
 
     return Path(resolve_checkpoint(path_or_repo_id, revision, include_tokenizer=True, include_weights=False))
 
