@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import hfbert
+import hfbert.linear
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference" / "bert-base-uncased"
@@ -60,6 +61,7 @@ def machine_info(device: str) -> dict:
         "python": platform.python_version(),
         "device": device,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "hfbert_linear_kernel": hfbert.linear.inference_kernel(device, torch.float32),
         # Other processes on these few cores skew every number: say how busy the machine was.
         "load_before": os.getloadavg()[0],
     }
@@ -305,7 +307,7 @@ def print_report(machine: dict, rows: list[dict], seconds: float) -> None:
         f"cores, {machine['device']}"
         + (f" ({machine['gpu']})" if "gpu" in machine else "")
         + f"; torch {machine['torch']} ({machine['threads']} threads), transformers {machine['transformers']}, "
-        f"Python {machine['python']}"
+        f"Python {machine['python']}; hfbert's fp32 linear kernel: {machine['hfbert_linear_kernel']}"
     )
     if machine["others_cores"] is not None:
         print(

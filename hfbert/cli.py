@@ -4,7 +4,7 @@
     hfbert convert SRC DEST [--dtype float32|float16|bfloat16] [--max-shard-size 2GB]
     hfbert inspect SRC
     hfbert parity MODEL [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--attn eager|sdpa] [--texts FILE]
-                        [--batch-size N] [--reference MODEL2] [--json OUT.json] [--plot OUT.png]
+                        [--batch-size N] [--reference MODEL2] [--standard-linear] [--json OUT.json] [--plot OUT.png]
     hfbert embed MODEL [TEXT ...] [--file F] [--pooling cls|mean] [--normalize] [--out F.npy|F.jsonl]
                        [--batch-size N] [--max-length N] [--chunk-size N] [--device D] [--dtype T]
     hfbert fill-mask MODEL "Paris is the [MASK] of France." [--top-k 5] [--device D] [--json]
@@ -71,6 +71,7 @@ def parity_command(arguments: argparse.Namespace) -> int:
         texts=read_texts(arguments.texts) if arguments.texts else None,
         batch_size=arguments.batch_size,
         reference=arguments.reference,
+        standard_linear=arguments.standard_linear,
     )
     print(report.table())
     if arguments.json:
@@ -175,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference",
         metavar="MODEL2",
         help="load transformers from this checkpoint instead of MODEL (e.g. the original of a converted copy)",
+    )
+    parity.add_argument(
+        "--standard-linear",
+        action="store_true",
+        help="run hfbert's linear layers on transformers' kernel (F.linear) instead of oneDNN's, so only the port "
+        "can differ (default on CPU: oneDNN, faster, different last bits)",
     )
     parity.add_argument(
         "--json", metavar="OUT.json", help="write the full report (versions, sha256, every number) to this file"

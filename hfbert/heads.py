@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from hfbert.activations import ACTIVATIONS
 from hfbert.attention import DEFAULT_ATTENTION
 from hfbert.config import BertConfig
+from hfbert.linear import Linear
 from hfbert.model import BertModel
 from hfbert.outputs import LogitsOutput, PreTrainingOutput, QuestionAnsweringOutput
 from hfbert.pretrained import BertPreTrainedModel
@@ -32,7 +33,7 @@ MLM_HEAD, NSP_HEAD, CLASSIFIER_HEAD, QA_HEAD = "cls.predictions.", "cls.seq_rela
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.activation = ACTIVATIONS[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -45,7 +46,7 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         # decoder.weight is tied to the word embeddings and decoder.bias to `bias` (see tied_weights).
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.decoder = Linear(config.hidden_size, config.vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden_states: Tensor) -> Tensor:
@@ -60,7 +61,7 @@ class BertPreTrainingHeads(nn.Module):
         if masked_lm:
             self.predictions = BertLMPredictionHead(config)
         if next_sentence:
-            self.seq_relationship = nn.Linear(config.hidden_size, 2)
+            self.seq_relationship = Linear(config.hidden_size, 2)
 
 
 class _BertWithHead(BertPreTrainedModel):
@@ -102,7 +103,7 @@ class _MaskedLanguageModel(_BertWithHead):
         bias[:kept] = old.detach()[:kept]
         predictions.bias = nn.Parameter(bias)
         if not self.config.tie_word_embeddings:
-            decoder = nn.Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
+            decoder = Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
             with torch.no_grad():
                 decoder.weight.normal_(0.0, self.config.initializer_range)
                 decoder.weight[:kept] = predictions.decoder.weight[:kept]
@@ -263,7 +264,7 @@ class BertForSequenceClassification(_BertWithHead):
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def problem_type(self, labels: Tensor) -> str:
@@ -320,7 +321,7 @@ class BertForTokenClassification(_BertWithHead):
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(
@@ -360,7 +361,7 @@ class BertForQuestionAnswering(_BertWithHead):
         # computing pad positions instead of running padding-free.
         self.bert.padding_free = False
         self.num_labels = config.num_labels
-        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.qa_outputs = Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(
@@ -408,7 +409,7 @@ class BertForMultipleChoice(_BertWithHead):
     def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.dropout = self.classifier_dropout()
-        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.classifier = Linear(config.hidden_size, 1)
         self.init_weights()
 
     def forward(

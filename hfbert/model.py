@@ -22,6 +22,7 @@ from hfbert.activations import ACTIVATIONS
 from hfbert.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.config import BertConfig
 from hfbert.inputs import check_inputs
+from hfbert.linear import Linear
 from hfbert.outputs import BertModelOutput
 from hfbert.padding import PackedBatch, PaddedBatch
 from hfbert.pretrained import BertPreTrainedModel
@@ -67,9 +68,9 @@ class BertSelfAttention(nn.Module):
         self.head_size = config.head_size
         self.scale = self.head_size**-0.5
         self.dropout_probability = config.attention_probs_dropout_prob
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.query = Linear(config.hidden_size, config.hidden_size)
+        self.key = Linear(config.hidden_size, config.hidden_size)
+        self.value = Linear(config.hidden_size, config.hidden_size)
 
     def forward(
         self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
@@ -91,7 +92,7 @@ class BertResidualOutput(nn.Module):
 
     def __init__(self, config: BertConfig, input_size: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(input_size, config.hidden_size)
+        self.dense = Linear(input_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -115,7 +116,7 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACTIVATIONS[config.hidden_act]
 
     def forward(self, hidden_states: Tensor) -> Tensor:
@@ -147,7 +148,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, last_hidden_state: Tensor) -> Tensor:
         return torch.tanh(self.dense(last_hidden_state[:, 0]))

@@ -41,7 +41,7 @@ import platform
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -209,6 +209,7 @@ class ParityReport:
     device: str
     dtype: str
     attn: str
+    linear_kernel: str  # what hfbert's linear layers ran on: "oneDNN" or "F.linear" (transformers' kernel)
     tolerance: float
     num_layers: int
     versions: dict[str, str]
@@ -235,8 +236,9 @@ class ParityReport:
         if self.reference_path != self.model_path:
             lines.append(f"reference  {self.reference_path} (loaded in transformers)")
         lines += [
-            f"run        {self.device}, {self.dtype}, attention {self.attn}; hfbert {self.versions['hfbert']}, "
-            f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
+            f"run        {self.device}, {self.dtype}, attention {self.attn}, linear {self.linear_kernel}; "
+            f"hfbert {self.versions['hfbert']}, transformers {self.versions['transformers']}, "
+            f"torch {self.versions['torch']}",
             f"inputs     {described} sequences; {tokens} real tokens compared per output",
             "",
             f"{'output':<28} {'max abs':>10} {'max rel':>10} {'mean abs':>10} {'min cos':>11}  "
@@ -277,6 +279,7 @@ class ParityReport:
             "device": self.device,
             "dtype": self.dtype,
             "attn": self.attn,
+            "linear_kernel": self.linear_kernel,
             "tolerance": self.tolerance,
             "num_layers": self.num_layers,
             "versions": self.versions,
@@ -450,13 +453,17 @@ def run_parity(
     *,
     revision: str | None = None,
     reference: str | os.PathLike | None = None,
+    standard_linear: bool = False,
     progress: bool = True,
 ) -> ParityReport:
     """Compare hfbert with transformers on `model_path` (a local directory or a Hub repo id); see the module
     docstring for what runs and what is compared. `reference`: load transformers from this checkpoint instead
-    (default: `model_path`), e.g. to check a converted or re-saved copy against its original."""
+    (default: `model_path`), e.g. to check a converted or re-saved copy against its original. `standard_linear`:
+    run hfbert's linear layers on transformers' kernel instead of the faster oneDNN one (`hfbert/linear.py`), so
+    that only the port itself can differ."""
     transformers = import_transformers()
     import hfbert
+    import hfbert.linear
     from converters.checkpoint_files import read_checkpoint
     from converters.hub import resolve_checkpoint
     from converters.key_map import normalize_name
@@ -509,7 +516,9 @@ def run_parity(
     from tqdm.auto import tqdm
 
     total = len(passes) * sum(len(case.batches) for case in cases)
-    with _no_tf32(torch.device(device).type == "cuda" and dtype == torch.float32), torch.no_grad():
+    kernel_choice = hfbert.linear.standard_linear() if standard_linear else nullcontext()
+    with _no_tf32(torch.device(device).type == "cuda" and dtype == torch.float32), torch.no_grad(), kernel_choice:
+        linear_kernel = hfbert.linear.inference_kernel(device, dtype)
         # disable=None: a bar only when stderr is a terminal
         bar = tqdm(total=total, desc="parity", unit="batch", disable=None if progress else True, file=sys.stderr)
         for name in passes:
@@ -541,6 +550,7 @@ def run_parity(
         device=str(device),
         dtype=dtype_name,
         attn=attn,
+        linear_kernel=linear_kernel,
         tolerance=tolerance,
         num_layers=layers,
         versions={

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import hfbert
+from hfbert.linear import standard_linear
 
 from conftest import SMALL_CONFIG, max_difference, randomize_weights
 
@@ -138,7 +139,9 @@ def test_bert_base_uncased_layout_loads_into_pretraining_heads(class_name, bert_
     assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
     reference = getattr(transformers, class_name).from_pretrained(bert_base_safetensors_dir).eval()
     batch = dict(input_ids=torch.tensor([[101, 2023, 103, 1037, 102, 2000, 102]]))
-    with torch.no_grad():
+    # transformers' kernel, so 1e-5 proves the port; the oneDNN default is held to transformers' own fp32
+    # accuracy in test_linear.py (its last bits reach 1.3e-5 on these large random logits).
+    with torch.no_grad(), standard_linear():
         compare_outputs(model(**batch), reference(**batch))
 
 

@@ -1,7 +1,10 @@
 """hfbert against transformers, layer by layer, on real and generated checkpoints.
 
 fp32 CPU: every hidden state (non-pad positions), the pooler and the eager attention probabilities agree to
-1e-5 max abs, for both hfbert attention implementations against both of transformers'.
+1e-5 max abs, for both hfbert attention implementations against both of transformers'. The bert-base layout
+(weights 2.5x bert-base's spread, so larger activations) runs with `standard_linear()`, the kernel transformers
+uses: there the 1e-5 proves the port (observed 0.0). The default oneDNN kernel moves last bits, up to 1.3e-5 on
+those weights; test_linear.py holds it to transformers' own fp32 accuracy against float64.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 import hfbert
+from hfbert.linear import standard_linear
 
 from conftest import (
     SMALL_CONFIG,
@@ -112,7 +116,8 @@ def test_bert_base_uncased_layout(
     file_format, ours, reference, padding_free, bert_base_safetensors_dir, bert_base_pickle_dir
 ):
     directory = bert_base_safetensors_dir if file_format == "safetensors" else bert_base_pickle_dir
-    compare(*on_path(load_pair(directory, ours, reference), padding_free), TOLERANCE_FP32_CPU)
+    with standard_linear():
+        compare(*on_path(load_pair(directory, ours, reference), padding_free), TOLERANCE_FP32_CPU)
 
 
 def test_padding_free_path_is_taken_and_zeroes_pad_positions():

@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+import hfbert.linear
 from hfbert.cli import main
 
 from conftest import minilm_directory
@@ -69,6 +70,7 @@ def test_real_minilm_passes_with_full_report(tmp_path, capsys):
     report = json.loads(report_file.read_text())
     assert report["passed"] is True and report["first_divergence"] is None
     assert (report["device"], report["dtype"], report["attn"], report["tolerance"]) == ("cpu", "float32", "sdpa", 1e-5)
+    assert report["linear_kernel"] == hfbert.linear.inference_kernel("cpu", torch.float32)
     import transformers
 
     assert report["versions"]["transformers"] == transformers.__version__
@@ -103,10 +105,13 @@ def test_bert_base_layout_with_masked_lm_head(tmp_path, capsys, bert_base_safete
         few_texts_file(tmp_path),
         "--batch-size",
         "3",
+        # transformers' kernel: 1e-5 then proves the port on these large random weights (see test_linear.py)
+        "--standard-linear",
         "--json",
         report_file,
     )
     assert status == 0, output
+    assert ", linear F.linear;" in output
     rows = table_rows(output)
     assert rows[-2:] == [("mlm logits", "pass"), ("mlm top-5", "pass")]
     assert ("layer 11", "pass") in rows and ("attentions layer 11", "pass") in rows and len(rows) == 28

@@ -1,0 +1,86 @@
+"""`nn.Linear` with a faster kernel for CPU inference.
+
+`F.linear` on a CPU runs an fp32 matrix multiply through MKL's sgemm. oneDNN's inner product
+(`torch.ops.mkldnn._linear_pointwise`, which torch.compile's CPU backend uses for fused linear layers) runs
+BERT's weight shapes faster on AVX-512 machines: about 1.4x at 16 rows (batch-1 latency, where sgemm streams
+the weights from memory poorly) and 1.1-1.25x at 1,024 rows (`benchmarks/benchmark.py`, rows a and c). It sums
+in another order, so results move in the last bits: against float64, hfbert's fp32 hidden states stay within
+2x of transformers' own fp32 error (tests/test_linear.py; measured 1.3x on bert-base).
+
+The fast kernel has no backward, so it runs only where no gradient can be asked for, and only on plain CPU
+tensors of a dtype it supports. Everything else (training, gradients through the inputs, torch.compile, export,
+tracing, GPUs, fp16/fp64, `torch.backends.mkldnn.enabled = False`) takes `F.linear`, exactly as `nn.Linear`.
+The parameters are `nn.Linear`'s, so the state dict, `isinstance(module, nn.Linear)` and tools that wrap linear
+layers (LoRA, quantizers) see no difference.
+
+To run the very kernel transformers runs (bit-for-bit `nn.Linear`), wrap the calls in `standard_linear()`:
+
+    >>> import torch, hfbert
+    >>> from hfbert.linear import standard_linear
+    >>> model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)).eval()
+    >>> with torch.no_grad(), standard_linear():
+    ...     out = model(input_ids=torch.tensor([[101, 102]]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# A private op of torch, so look it up defensively: without it, F.linear everywhere.
+_inner_product = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+_bfloat16_native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+# fp32 always; bf16 only where the CPU computes it natively (elsewhere oneDNN would emulate it slowly).
+_ONEDNN_DTYPES = () if _inner_product is None else (torch.float32,) + ((torch.bfloat16,) if _bfloat16_native else ())
+_standard_only = False  # process-wide, set by standard_linear()
+
+
+@contextmanager
+def standard_linear() -> Iterator[None]:
+    """Inside the block every hfbert `Linear` runs `F.linear`, the kernel of `nn.Linear` and transformers. The
+    switch is process-wide (all threads), like torch's own backend flags."""
+    global _standard_only
+    previous, _standard_only = _standard_only, True
+    try:
+        yield
+    finally:
+        _standard_only = previous
+
+
+def inference_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
+    """The kernel hfbert's linear layers run at inference on this device and dtype: "oneDNN" or "F.linear"."""
+    return "oneDNN" if _onednn_enabled(torch.device(device).type, dtype) else "F.linear"
+
+
+def _onednn_enabled(device_type: str, dtype: torch.dtype) -> bool:
+    return device_type == "cpu" and dtype in _ONEDNN_DTYPES and torch.backends.mkldnn.enabled and not _standard_only
+
+
+def uses_onednn(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """True when `Linear` runs this call on oneDNN's inner product instead of `F.linear`."""
+    parameters = (weight,) if bias is None else (weight, bias)
+    return (
+        # Plain tensors only: FakeTensor, fx Proxy, DTensor and other subclasses keep the standard op.
+        type(input) is Tensor
+        and all(type(parameter) in (Tensor, nn.Parameter) for parameter in parameters)
+        and _onednn_enabled(input.device.type, input.dtype)
+        and all(parameter.dtype == input.dtype for parameter in parameters)
+        # The kernel has no backward: a gradient asked of the input or of any parameter (even the bias alone,
+        # as in BitFit) takes F.linear.
+        and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (input, *parameters)))
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    )
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` whose CPU inference runs on oneDNN's inner product (see the module docstring)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        if uses_onednn(input, self.weight, self.bias):
+            return _inner_product(input, self.weight, self.bias, "none", [], "")
+        return F.linear(input, self.weight, self.bias)
