@@ -2,10 +2,10 @@
 
 `F.linear` on a CPU runs an fp32 matrix multiply through MKL's sgemm. oneDNN's inner product
 (`torch.ops.mkldnn._linear_pointwise`, which torch.compile's CPU backend uses for fused linear layers) runs
-BERT's weight shapes faster on AVX-512 machines: about 1.4x at 16 rows (batch-1 latency, where sgemm streams
-the weights from memory poorly) and 1.1-1.25x at 1,024 rows (`benchmarks/benchmark.py`, rows a and c). It sums
-in another order, so results move in the last bits: against float64, hfbert's fp32 hidden states stay within
-2x of transformers' own fp32 error (tests/test_linear.py; measured 1.3x on bert-base).
+BERT's weight shapes faster on AVX-512 machines: 1.3-1.6x at 16 rows (batch-1 latency, where sgemm streams the
+weights from memory poorly) and 1.04-1.5x at 1,024 rows (`benchmarks/kernels.py`). It sums in another order, so
+results move in the last bits: against float64, hfbert's fp32 hidden states stay within 2x of transformers' own
+fp32 error (tests/test_linear.py; measured 1.3x on bert-base).
 
 The fast kernel has no backward, so it runs only where no gradient can be asked for, and only on plain CPU
 tensors of a dtype it supports. Everything else (training, gradients through the inputs, torch.compile, export,
