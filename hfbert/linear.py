@@ -9,7 +9,8 @@ fp32 error (tests/test_linear.py; measured 1.3x on bert-base).
 
 The fast kernel has no backward, so it runs only where no gradient can be asked for, and only on plain CPU
 tensors of a dtype it supports. Everything else (training, gradients through the inputs, torch.compile, export,
-tracing, GPUs, fp16/fp64, `torch.backends.mkldnn.enabled = False`) takes `F.linear`, exactly as `nn.Linear`.
+tracing, GPUs, fp16/fp64, CPUs other than x86, `torch.backends.mkldnn.enabled = False`) takes `F.linear`,
+exactly as `nn.Linear`.
 The parameters are `nn.Linear`'s, so the state dict, `isinstance(module, nn.Linear)` and tools that wrap linear
 layers (LoRA, quantizers) see no difference.
 
@@ -24,6 +25,7 @@ To run the very kernel transformers runs (bit-for-bit `nn.Linear`), wrap the cal
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,8 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# A private op of torch, so look it up defensively: without it, F.linear everywhere.
-_inner_product = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+# A private op of torch, so look it up defensively: without it, F.linear everywhere. Only on x86, where it was
+# measured (AVX-512, and AVX2 by capping oneDNN's and MKL's instruction sets: 0.93-1.28x); elsewhere (ARM) F.linear.
+_x86 = platform.machine().lower() in ("x86_64", "amd64", "x64")
+_inner_product = (
+    getattr(torch.ops.mkldnn, "_linear_pointwise", None) if _x86 and torch.backends.mkldnn.is_available() else None
+)
 _bfloat16_native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
 # fp32 always; bf16 only where the CPU computes it natively (elsewhere oneDNN would emulate it slowly).
 _ONEDNN_DTYPES = () if _inner_product is None else (torch.float32,) + ((torch.bfloat16,) if _bfloat16_native else ())
