@@ -7,7 +7,9 @@ on the flash kernel.
    weights stream from memory instead of sitting in cache), at 16 rows (batch-1 latency) and 1,024 rows (a dense
    8 x 128 batch): `F.linear` (MKL sgemm, what transformers runs) against oneDNN's inner product (what
    hfbert.linear.Linear runs), GFLOP/s and max abs error against float64.
-2. bf16 attention, 8 x 12 heads x 128 x 64: the CPU flash kernel (`scaled_dot_product_attention`, what both
+2. Small products, one weight held in cache: the time of one call of each kernel, which shows oneDNN's fixed
+   cost per call and where hfbert.linear's thresholds (MIN_ONEDNN_WEIGHTS, MIN_ONEDNN_MULTIPLY_ADDS) come from.
+3. bf16 attention, 8 x 12 heads x 128 x 64: the CPU flash kernel (`scaled_dot_product_attention`, what both
    libraries run) against plain bf16 matmul + softmax, which rounds the scores to bf16; time and error against
    float64.
 """
@@ -75,6 +77,23 @@ def linear_rows(repeats: int) -> None:
             )
 
 
+def small_product_rows(repeats: int) -> None:
+    print("\n| weight (out x in) | rows | multiply-adds | F.linear us | oneDNN us | faster |")
+    print("|---|---|---|---|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    for out_features, in_features in ((128, 128), (384, 384), (1536, 384), (768, 768)):
+        weight = torch.randn(out_features, in_features, generator=generator)
+        bias = torch.randn(out_features, generator=generator)
+        for rows in (1, 16, 128):
+            inputs = torch.randn(rows, in_features, generator=generator)
+            standard = median_seconds(functools.partial(F.linear, inputs, weight, bias), 100 * repeats) * 1e6
+            onednn = median_seconds(functools.partial(onednn_linear, inputs, weight, bias), 100 * repeats) * 1e6
+            print(
+                f"| {out_features} x {in_features} | {rows} | {rows * weight.numel():,} | {standard:.1f} | "
+                f"{onednn:.1f} | {'oneDNN' if onednn < standard else 'F.linear'} |"
+            )
+
+
 def attention_rows(repeats: int) -> None:
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(8, 12, 128, 64, generator=generator).bfloat16() for _ in range(3))
@@ -102,6 +121,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     with torch.inference_mode():
         linear_rows(args.repeats)
+        small_product_rows(args.repeats)
         attention_rows(args.repeats)
 
 

@@ -2,7 +2,7 @@
 
 `F.linear` on a CPU runs an fp32 matrix multiply through MKL's sgemm. oneDNN's inner product
 (`torch.ops.mkldnn._linear_pointwise`, which torch.compile's CPU backend uses for fused linear layers) runs
-BERT's weight shapes faster on AVX-512 machines: 1.3-1.6x at 16 rows (batch-1 latency, where sgemm streams the
+BERT's weight shapes faster on AVX-512 machines: 1.1-1.6x at 16 rows (batch-1 latency, where sgemm streams the
 weights from memory poorly) and 1.04-1.5x at 1,024 rows (`benchmarks/kernels.py`). It sums in another order, so
 results move in the last bits: against float64, hfbert's fp32 hidden states stay within 2x of transformers' own
 fp32 error (tests/test_linear.py; measured 1.3x on bert-base).
@@ -66,20 +66,31 @@ def _onednn_enabled(device_type: str, dtype: torch.dtype) -> bool:
     return device_type == "cpu" and dtype in _ONEDNN_DTYPES and torch.backends.mkldnn.enabled and not _standard_only
 
 
+# oneDNN costs about 25 us more per call than F.linear, so small products stay on F.linear: measured crossovers
+# (benchmarks/kernels.py) lie between 147K and 590K weights at one row, and between 2.4M and 19M multiply-adds.
+MIN_ONEDNN_WEIGHTS = 2**19
+MIN_ONEDNN_MULTIPLY_ADDS = 2**23
+
+
 def uses_onednn(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """True when `Linear` runs this call on oneDNN's inner product instead of `F.linear`."""
+    if not (_onednn_enabled(input.device.type, input.dtype) and weight.dtype == input.dtype):
+        return False
     parameters = (weight,) if bias is None else (weight, bias)
     return (
         # Plain tensors only: FakeTensor, fx Proxy, DTensor and other subclasses keep the standard op.
         type(input) is Tensor
         and all(type(parameter) in (Tensor, nn.Parameter) for parameter in parameters)
-        and _onednn_enabled(input.device.type, input.dtype)
-        and all(parameter.dtype == input.dtype for parameter in parameters)
+        and (bias is None or bias.dtype == input.dtype)
         # The kernel has no backward: a gradient asked of the input or of any parameter (even the bias alone,
         # as in BitFit) takes F.linear.
         and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (input, *parameters)))
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
+        and (
+            weight.numel() >= MIN_ONEDNN_WEIGHTS
+            or input.numel() // max(weight.shape[-1], 1) * weight.numel() >= MIN_ONEDNN_MULTIPLY_ADDS
+        )
     )
 
 

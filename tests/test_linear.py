@@ -33,14 +33,9 @@ def operators(function) -> list[str]:
     return [event.name for event in profiler.events()]
 
 
-@functools.cache
-def minilm() -> hfbert.BertModel:
-    return hfbert.BertModel.from_pretrained(minilm_directory())
-
-
 @onednn
-def test_inference_runs_onednn_and_standard_linear_switches_it_off():
-    model = minilm()
+def test_inference_runs_onednn_and_standard_linear_switches_it_off(bert_base_safetensors_dir):
+    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)  # 768 x 768 and up: oneDNN at any length
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]]))
     inputs["attention_mask"] = (inputs["input_ids"] != 0).long()
     linear_layers = 6 * model.config.num_hidden_layers + 1  # q, k, v, attention output, intermediate, output; pooler
@@ -60,12 +55,15 @@ def test_every_gradient_takes_the_standard_kernel(trained):
     """The oneDNN op has no backward: whichever tensor wants a gradient, the call must go through F.linear and
     give torch's own gradients."""
     torch.manual_seed(0)
-    reference = torch.nn.Linear(8, 5)
-    layer = Linear(8, 5)
+    reference = torch.nn.Linear(768, 768)
+    layer = Linear(768, 768)
     layer.load_state_dict(reference.state_dict())
+    inputs = torch.randn(3, 768)
+    with torch.no_grad():
+        assert ONEDNN_OP in operators(lambda: layer(inputs))  # without gradients this layer would run oneDNN
     for name, parameter in layer.named_parameters():
         parameter.requires_grad_(name in trained)
-    inputs = torch.randn(3, 8, requires_grad=not trained)
+    inputs.requires_grad_(not trained)
     reference_inputs = inputs.detach().clone().requires_grad_(not trained)
     assert ONEDNN_OP not in operators(lambda: layer(inputs).square().sum().backward())
     reference(reference_inputs).square().sum().backward()
@@ -81,8 +79,8 @@ def test_every_gradient_takes_the_standard_kernel(trained):
 @onednn
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_dtypes_without_the_kernel_take_f_linear(dtype):
-    layer = Linear(8, 5).to(dtype)
-    inputs = torch.randn(3, 8, dtype=dtype)
+    layer = Linear(768, 768).to(dtype)
+    inputs = torch.randn(3, 768, dtype=dtype)
     with torch.no_grad():
         assert ONEDNN_OP not in operators(lambda: layer(inputs))
         assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
@@ -91,11 +89,30 @@ def test_dtypes_without_the_kernel_take_f_linear(dtype):
 @onednn
 def test_tracing_records_the_standard_op():
     """A traced graph must not hold a private oneDNN op: exported models run elsewhere."""
-    layer = Linear(8, 5).eval()
+    layer = Linear(768, 768).eval()
     with torch.no_grad():
-        graph = torch.jit.trace(layer, torch.randn(3, 8)).graph
+        graph = torch.jit.trace(layer, torch.randn(3, 768)).graph
     kinds = {node.kind() for node in graph.nodes()}
     assert "aten::linear" in kinds and not any("mkldnn" in kind for kind in kinds)
+
+
+@onednn
+@pytest.mark.parametrize(
+    "features,rows,expected",
+    [
+        ((32, 32), 128, "F.linear"),
+        ((384, 384), 16, "F.linear"),  # 2.4M multiply-adds: the fixed cost of a oneDNN call outweighs its speed
+        ((384, 384), 128, "oneDNN"),  # 19M multiply-adds
+        ((384, 1536), 1, "oneDNN"),  # 590K weights stream faster through oneDNN even for one row
+        ((768, 768), 1, "oneDNN"),
+    ],
+)
+def test_small_products_stay_on_f_linear(features, rows, expected):
+    layer = Linear(*features)
+    inputs = torch.randn(rows, features[0])
+    with torch.no_grad():
+        ran = operators(lambda: layer(inputs))
+    assert (ONEDNN_OP in ran) == (expected == "oneDNN"), ran
 
 
 def test_standard_linear_is_nn_linear_bit_for_bit():
