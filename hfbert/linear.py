@@ -9,8 +9,8 @@ fp32 error (tests/test_linear.py; measured 1.3x on bert-base).
 
 The fast kernel has no backward, so it runs only where no gradient can be asked for, and only on plain CPU
 tensors of a dtype it supports. Everything else (training, gradients through the inputs, torch.compile, export,
-tracing, GPUs, fp16/fp64, CPUs other than x86, `torch.backends.mkldnn.enabled = False`) takes `F.linear`,
-exactly as `nn.Linear`.
+tracing, autocast, GPUs, fp16/fp64, CPUs other than x86, `torch.backends.mkldnn.enabled = False`) takes
+`F.linear`, exactly as `nn.Linear`.
 The parameters are `nn.Linear`'s, so the state dict, `isinstance(module, nn.Linear)` and tools that wrap linear
 layers (LoRA, quantizers) see no difference.
 
@@ -85,6 +85,8 @@ def uses_onednn(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         # The kernel has no backward: a gradient asked of the input or of any parameter (even the bias alone,
         # as in BitFit) takes F.linear.
         and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (input, *parameters)))
+        # Autocast casts F.linear's inputs; it knows nothing of the oneDNN op, which would silently stay fp32.
+        and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
         and (

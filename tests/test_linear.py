@@ -87,6 +87,19 @@ def test_dtypes_without_the_kernel_take_f_linear(dtype):
 
 
 @onednn
+def test_autocast_takes_f_linear_and_its_cast():
+    """torch.autocast("cpu", bfloat16) casts F.linear's inputs; the oneDNN op would silently stay in fp32."""
+    layer = Linear(768, 768)
+    inputs = torch.randn(3, 768)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ONEDNN_OP not in operators(lambda: layer(inputs))
+        output = layer(inputs)
+        expected = F.linear(inputs, layer.weight, layer.bias)
+    assert output.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(output, expected)
+
+
+@onednn
 def test_tracing_records_the_standard_op():
     """A traced graph must not hold a private oneDNN op: exported models run elsewhere."""
     layer = Linear(768, 768).eval()
