@@ -58,7 +58,8 @@ def standard_linear() -> Iterator[None]:
 
 
 def inference_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
-    """The kernel hfbert's linear layers run at inference on this device and dtype: "oneDNN" or "F.linear"."""
+    """The kernel hfbert's linear layers run at inference on this device and dtype: "oneDNN" or "F.linear" (small
+    products, under the thresholds below, take F.linear either way)."""
     return "oneDNN" if _onednn_enabled(torch.device(device).type, dtype) else "F.linear"
 
 

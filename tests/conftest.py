@@ -156,9 +156,10 @@ def make_batches(vocab_size: int, type_vocab_size: int, hidden_size: int, seed: 
 
 
 def max_difference(ours: torch.Tensor, reference: torch.Tensor, positions: torch.Tensor | None = None) -> float:
-    """Max abs difference, over the given (batch, sequence) positions when given."""
+    """Max abs difference, over the given (batch, sequence) positions when given; in float64, so that a float64
+    reference keeps its precision."""
     assert ours.shape == reference.shape, (ours.shape, reference.shape)
-    difference = (ours.float() - reference.float()).abs()
+    difference = (ours.double() - reference.double()).abs()
     if positions is not None:
         difference = difference[positions]
     return float(difference.max())

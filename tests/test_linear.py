@@ -19,7 +19,7 @@ import hfbert
 import hfbert.linear
 from hfbert.linear import Linear, inference_kernel, standard_linear
 
-from conftest import make_batches, minilm_directory
+from conftest import make_batches, max_difference, minilm_directory
 
 onednn = pytest.mark.skipif(
     inference_kernel("cpu", torch.float32) != "oneDNN", reason="this torch build has no oneDNN linear kernel"
@@ -151,10 +151,6 @@ def assert_as_accurate(ours_error: float, theirs_error: float) -> None:
     assert ours_error <= 2 * theirs_error, (ours_error, theirs_error)
 
 
-def error(approximation: torch.Tensor, exact: torch.Tensor, positions: torch.Tensor) -> float:
-    return (approximation.double() - exact)[positions].abs().max().item()
-
-
 @onednn
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
 @pytest.mark.parametrize("checkpoint", ["all-MiniLM-L6-v2", "bert-base layout"])
@@ -173,8 +169,8 @@ def test_onednn_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, be
             ours_states = ours(**kwargs, output_hidden_states=True).hidden_states
             theirs_states = theirs(**kwargs, output_hidden_states=True).hidden_states
         for exact_state, ours_state, theirs_state in zip(truth, ours_states, theirs_states, strict=True):
-            ours_error = max(ours_error, error(ours_state, exact_state, batch.real))
-            theirs_error = max(theirs_error, error(theirs_state, exact_state, batch.real))
+            ours_error = max(ours_error, max_difference(ours_state, exact_state, batch.real))
+            theirs_error = max(theirs_error, max_difference(theirs_state, exact_state, batch.real))
     assert_as_accurate(ours_error, theirs_error)
 
 
@@ -183,12 +179,12 @@ def test_onednn_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safet
     """The decoder (hidden -> 30,522 logits, tied to the word embeddings) runs on oneDNN too."""
     exact, theirs = reference_models(bert_base_safetensors_dir, "BertForMaskedLM")
     ours = hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir).eval()
-    batch = make_batches(ours.config.vocab_size, ours.config.type_vocab_size, ours.config.hidden_size)[
-        0
-    ]  # right padding: the padding-free path
-    kwargs = {key: value for key, value in batch.kwargs.items() if key != "inputs_embeds"}
+    # The first test batch is right-padded: the padding-free path.
+    batch = make_batches(ours.config.vocab_size, ours.config.type_vocab_size, ours.config.hidden_size)[0]
+    kwargs = batch.kwargs
     with torch.no_grad():
         truth = exact(**kwargs).logits
         assert_as_accurate(
-            error(ours(**kwargs).logits, truth, batch.real), error(theirs(**kwargs).logits, truth, batch.real)
+            max_difference(ours(**kwargs).logits, truth, batch.real),
+            max_difference(theirs(**kwargs).logits, truth, batch.real),
         )
