@@ -33,13 +33,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 import hfbert
 import hfbert.linear
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT.parent / "shared" / "reference" / "bert-base-uncased"
+sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint builders, over the committed bert-base-uncased layout
+from checkpoints import bert_base_shapes, random_tensors, write_checkpoint  # noqa: E402
+
 LENGTH_MEDIAN, LENGTH_SIGMA, MIXED_BATCH = 60, 0.6, 32  # log-normal lengths: median 60, about 32% real tokens
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -92,20 +93,7 @@ def make_checkpoint(directory: Path) -> Path:
     heads), so both loaders take the same renaming path they take on the real file."""
     if (directory / "model.safetensors").exists():
         return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    layout = json.loads((REFERENCE / "layout.json").read_text())["model.safetensors.tensors"]
-    generator = torch.Generator().manual_seed(0)
-    tensors = {}
-    for name, spec in layout.items():
-        if name.endswith("gamma"):
-            tensors[name] = torch.ones(spec["shape"])
-        elif name.endswith("beta"):
-            tensors[name] = torch.zeros(spec["shape"])
-        else:
-            tensors[name] = torch.randn(spec["shape"], generator=generator) * 0.02
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    (directory / "config.json").write_text((REFERENCE / "config.json").read_text())
-    return directory
+    return write_checkpoint(directory, random_tensors(bert_base_shapes(), seed=0, weight_std=0.02, gain_std=0.0))
 
 
 def batch(lengths: list[int], seed: int, device: str) -> dict[str, torch.Tensor]:

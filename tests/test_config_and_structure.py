@@ -10,7 +10,8 @@ import torch
 import hfbert
 from hfbert.activations import ACTIVATIONS
 
-from conftest import REFERENCE, SMALL_CONFIG, minilm_directory
+from checkpoints import REFERENCE
+from conftest import SMALL_CONFIG, minilm_directory
 
 
 def test_every_transformers_encoder_field_is_typed():

@@ -16,7 +16,8 @@ import pytest
 import torch
 from fake_hub import FakeHub
 
-from conftest import REFERENCE, minilm_directory
+from checkpoints import REFERENCE
+from conftest import minilm_directory
 
 REPO = "google-bert/bert-base-uncased"
 SHA_MAIN = "1" * 40

@@ -16,7 +16,8 @@ import hfbert
 from converters.errors import CheckpointError
 from converters.key_map import map_key
 
-from conftest import REFERENCE, max_difference, minilm_directory
+from checkpoints import REFERENCE
+from conftest import max_difference, minilm_directory
 
 
 def copy_checkpoint(source: Path, destination: Path, tensors: dict[str, torch.Tensor] | None = None) -> Path:

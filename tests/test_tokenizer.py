@@ -24,7 +24,8 @@ import transformers
 
 from hfbert.tokenizer import BertTokenizer
 
-from conftest import REFERENCE, minilm_directory
+from checkpoints import REFERENCE
+from conftest import minilm_directory
 
 CORPUS = [
     "Hello world!",
