@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 import hfbert
 import hfbert.linear
+from hfbert.cpu import instruction_set
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint builders, over the committed bert-base-uncased layout
@@ -63,6 +64,7 @@ def machine_info(device: str) -> dict:
         "device": device,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "hfbert_linear_kernel": hfbert.linear.inference_kernel(device, torch.float32),
+        "instruction_set": instruction_set(),
         # Other processes on these few cores skew every number: say how busy the machine was.
         "load_before": os.getloadavg()[0],
     }
@@ -291,8 +293,8 @@ def show(value: float, unit: str) -> str:
 
 def print_report(machine: dict, rows: list[dict], seconds: float) -> None:
     print(
-        f"\nMachine: {machine['cpu']} ({'with' if machine['avx512_bf16'] else 'no'} AVX-512 bf16), {machine['cores']} "
-        f"cores, {machine['device']}"
+        f"\nMachine: {machine['cpu']} ({machine['instruction_set']}; {'with' if machine['avx512_bf16'] else 'no'} "
+        f"AVX-512 bf16), {machine['cores']} cores, {machine['device']}"
         + (f" ({machine['gpu']})" if "gpu" in machine else "")
         + f"; torch {machine['torch']} ({machine['threads']} threads), transformers {machine['transformers']}, "
         f"Python {machine['python']}; hfbert's fp32 linear kernel: {machine['hfbert_linear_kernel']}"
@@ -330,6 +332,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, help="timed passes of a, d-a, GEMM and (x5) c; default 10, quick 3")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint directory (a random one is written if empty)")
+    parser.add_argument(
+        "--linear",
+        choices=hfbert.linear.KERNELS,
+        default="standard",
+        help="hfbert's linear kernel: standard (F.linear, the default) or onednn (opt-in, hfbert/linear.py)",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
@@ -342,6 +350,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    hfbert.linear.set_linear_kernel(args.linear)
     started, cpu_before = time.perf_counter(), cpu_seconds()
     machine = machine_info(args.device)
     low_precision = [torch.float16, torch.bfloat16] if args.device == "cuda" else [torch.bfloat16]

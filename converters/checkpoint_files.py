@@ -9,6 +9,7 @@ that is not a tensor or plain container: no code from a checkpoint ever runs.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ class CheckpointTensors:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     origin: dict[str, Path] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    # Weight files present but not read, because one earlier in WEIGHT_FILE_PREFERENCE won: name -> why.
+    not_read: dict[str, str] = field(default_factory=dict)
 
     def add(self, name: str, tensor: Tensor, file: Path) -> None:
         if name in self.tensors:
@@ -45,6 +48,11 @@ def find_weight_file(directory: Path) -> Path:
     for name in WEIGHT_FILE_PREFERENCE:
         if (directory / name).is_file():
             return directory / name
+        if (directory / name).is_symlink():  # is_file() follows links: a dangling one would read as "no file"
+            raise CheckpointError(
+                f"{directory / name}: a symbolic link to {os.readlink(directory / name)}, which does not exist "
+                f"(an incomplete download or a moved cache?)"
+            )
     raise CheckpointError(f"{directory}: no weight file found (looked for {', '.join(WEIGHT_FILE_PREFERENCE)})")
 
 
@@ -52,6 +60,9 @@ def read_checkpoint(directory: Path) -> CheckpointTensors:
     """Read every tensor of the checkpoint in `directory` (memory-mapped where the format allows)."""
     weight_file = find_weight_file(directory)
     checkpoint = CheckpointTensors()
+    for name in WEIGHT_FILE_PREFERENCE:
+        if name != weight_file.name and (directory / name).is_file():
+            checkpoint.not_read[name] = f"weight file not read: {weight_file.name} takes precedence"
     if weight_file.name.endswith(".index.json"):
         weight_map = read_shard_index(weight_file)
         for shard in dict.fromkeys(weight_map.values()):
@@ -138,7 +149,13 @@ def _read_pickle(path: Path, checkpoint: CheckpointTensors) -> None:
         ) from None
     except Exception as error:  # a corrupt archive or pickle fails anywhere in torch.load, with any exception type
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(error).__name__}: {error})") from None
-    if not isinstance(state, dict) or not all(isinstance(n, str) and isinstance(t, Tensor) for n, t in state.items()):
-        raise CheckpointError(f"{path}: expected a dict of tensor name -> tensor, got {type(state).__name__}")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: expected a dict of tensor name -> tensor, got a {type(state).__name__}")
+    for name, value in state.items():
+        if not isinstance(name, str) or not isinstance(value, Tensor):
+            raise CheckpointError(
+                f"{path}: expected a dict of tensor name -> tensor, but entry {name!r} holds a {type(value).__name__}"
+                + ("" if isinstance(name, str) else f" under a {type(name).__name__} key")
+            )
     for name, tensor in state.items():
         checkpoint.add(name, tensor, path)

@@ -7,7 +7,12 @@ A backbone-only source is written as transformers' `BertModel` stores it (no pre
 keeps them, with the backbone under `bert.`, as `BertFor...` models store it. Tokenizer files are copied.
 
 Everything is written into a temporary directory beside the destination and renamed into place at the end, so
-an interrupted or failed conversion leaves no destination and no partial files.
+an interrupted or failed conversion leaves no destination and no partial files (a run killed by SIGKILL leaves
+its temporary directory, which the next conversion to that destination removes).
+
+Only what hfbert would load back is written: backbone tensors are checked as a strict load checks them, task-head
+tensors get the same checks (known name, the shape config.json implies, dtype, finite values), and a `dtype` cast
+must not overflow to Inf.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from converters.checkpoint_files import read_checkpoint
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES, resolve_checkpoint
 from converters.key_map import BACKBONE_PREFIX, head_of, normalize_name
-from converters.loading import match_checkpoint
+from converters.loading import PARAMETER_DTYPES, match_checkpoint, non_finite, skipped_initialisation
 from converters.writing import atomic_directory, parse_size, write_safetensors
+from hfbert.config import BertConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # A decoder weight equal to the word embeddings is tied: transformers does not store it either.
@@ -66,15 +72,72 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[
         if partner is not None and torch.equal(partner, tensor):
             continue
         heads[name] = tensor
+    check_heads(heads, config, directory)
     prefix = BACKBONE_PREFIX if heads else ""
     tensors = {prefix + name: tensor for name, tensor in backbone.items()} | heads
     if dtype is not None:
-        tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
+        tensors = {name: cast(name, tensor, dtype, directory) for name, tensor in tensors.items()}
     config_values = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
     if dtype is not None:
         for key in ("dtype", "torch_dtype"):
             config_values[key] = str(dtype).removeprefix("torch.")
     return tensors, config_values
+
+
+def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
+    """Every task-head tensor name transformers' BERT models store, with the shapes `config` allows for it (a
+    `classifier` is (num_labels, hidden) in sequence / token classification, (1, hidden) in multiple choice)."""
+    import hfbert
+
+    shapes: dict[str, set[tuple[int, ...]]] = {}
+    classes = (
+        "BertForPreTraining",
+        "BertForSequenceClassification",
+        "BertForMultipleChoice",
+        "BertForQuestionAnswering",
+    )
+    with torch.device("meta"), skipped_initialisation():
+        for class_name in classes:
+            model = getattr(hfbert, class_name)(config)
+            for name, tensor in model.state_dict().items():
+                if head_of(name) is not None:
+                    shapes.setdefault(name, set()).add(tuple(tensor.shape))
+    return shapes
+
+
+def check_heads(heads: dict[str, Tensor], config: BertConfig, directory: Path) -> None:
+    """Task-head tensors get the backbone's checks: a known name, the shape config.json implies, finite values,
+    a floating-point dtype the kernels run. Raise `CheckpointError` listing what fails."""
+    allowed = head_shapes(config)
+    problems = []
+    for name, tensor in heads.items():
+        if name not in allowed:
+            problems.append(f"unknown tensor '{name}' (no BERT head has it)")
+        elif tuple(tensor.shape) not in allowed[name]:
+            expected = " or ".join(str(shape) for shape in sorted(allowed[name]))
+            problems.append(f"'{name}' has shape {tuple(tensor.shape)}; config.json implies {expected}")
+        elif tensor.dtype not in PARAMETER_DTYPES:
+            problems.append(f"'{name}' has dtype {tensor.dtype}")
+        elif problem := non_finite(tensor):
+            problems.append(f"'{name}' holds {problem}")
+    if problems:
+        raise CheckpointError(f"{directory}: cannot convert: " + "; ".join(problems[:5]))
+
+
+def cast(name: str, tensor: Tensor, dtype: torch.dtype, directory: Path) -> Tensor:
+    """`tensor` in `dtype` (floating-point tensors only); `CheckpointError` when values overflow to Inf."""
+    if not tensor.is_floating_point():
+        return tensor
+    result = tensor.to(dtype)
+    if non_finite(result):  # the source is finite (checked above): every Inf here is an overflow
+        overflowed = int(result.isinf().sum())
+        limit = torch.finfo(dtype).max
+        raise CheckpointError(
+            f"{directory}: cannot convert to {str(dtype).removeprefix('torch.')}: {overflowed} values of tensor "
+            f"'{name}' overflow (largest magnitude {tensor.abs().max().item():.4g}; {dtype} holds at most "
+            f"{limit:.4g}); keep float32 or bfloat16"
+        )
+    return result
 
 
 def convert(

@@ -31,7 +31,8 @@ def describe(directory: Path) -> str:
         "files",
     ]
     for file in sorted(p for p in directory.iterdir() if p.is_file()):
-        lines.append(f"  {file.name:<40} {file.stat().st_size:>15,} bytes  sha256 {sha256_of(file)}")
+        note = f"  ({checkpoint.not_read[file.name]})" if file.name in checkpoint.not_read else ""
+        lines.append(f"  {file.name:<40} {file.stat().st_size:>15,} bytes  sha256 {sha256_of(file)}{note}")
 
     rows = []  # (name, shape, dtype, bytes, what the key map does)
     for name, tensor in checkpoint.tensors.items():

@@ -6,8 +6,25 @@ It separates what is fine (loaded, renamed, ignored by design, legacy buffers ch
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+
+# Set around one load by `from_pretrained(..., ignore_mismatched_sizes=True)`: a parameter whose shape differs from
+# the checkpoint's is then initialised afresh and reported, as in transformers, instead of failing the load.
+_IGNORE_MISMATCHED_SIZES: ContextVar[bool] = ContextVar("ignore_mismatched_sizes", default=False)
+
+
+@contextmanager
+def ignoring_mismatched_sizes(enabled: bool = True) -> Iterator[None]:
+    """Reports made inside this block treat shape mismatches as re-initialised parameters, not as problems."""
+    token = _IGNORE_MISMATCHED_SIZES.set(enabled)
+    try:
+        yield
+    finally:
+        _IGNORE_MISMATCHED_SIZES.reset(token)
 
 
 @dataclass
@@ -22,27 +39,32 @@ class LoadReport:
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # name, file, model
     non_finite: list[tuple[str, str]] = field(default_factory=list)  # checkpoint name, what is wrong
     new_head: list[str] = field(default_factory=list)  # a task head the checkpoint lacks entirely, initialised
-    initialized: list[str] = field(default_factory=list)  # other missing parameters initialised (strict=False)
+    initialized: list[str] = field(default_factory=list)  # missing (strict=False) or mismatched, initialised
+    # ignore_mismatched_sizes=True: mismatched parameters are initialised afresh (listed in `initialized` too)
+    mismatched_reinitialized: bool = field(default_factory=_IGNORE_MISMATCHED_SIZES.get)
 
     @property
     def problems(self) -> list[str]:
         """One line per problem, naming the tensor (empty when the load is exact)."""
         lines = [f"missing from the checkpoint: {name}" for name in self.missing]
         lines += [f"unexpected in the checkpoint: {name}" for name in self.unexpected]
-        lines += [
-            f"shape mismatch: {name} is {tuple(stored)} in the checkpoint, {tuple(expected)} in the model "
-            f"(from config.json)"
-            for name, stored, expected in self.mismatched
-        ]
+        if not self.mismatched_reinitialized:
+            lines += [
+                f"shape mismatch: {name} is {tuple(stored)} in the checkpoint, {tuple(expected)} in the model "
+                f"(from config.json); pass ignore_mismatched_sizes=True to initialise it afresh"
+                for name, stored, expected in self.mismatched
+            ]
         lines += [f"not finite: {name} holds {what}" for name, what in self.non_finite]
         return lines
 
     def to_loading_info(self) -> dict[str, Any]:
-        """The dict transformers' `output_loading_info=True` returns, plus this report under "report"."""
+        """The dict transformers' `output_loading_info=True` returns (sets of names; mismatched as (name, shape in
+        the checkpoint, shape in the model)), plus this report under "report"."""
         return {
-            "missing_keys": list(self.missing),
-            "unexpected_keys": list(self.unexpected),
-            "mismatched_keys": list(self.mismatched),
+            # transformers counts a new head's parameters as missing (initialised because the file lacks them).
+            "missing_keys": set(self.missing) | set(self.new_head),
+            "unexpected_keys": set(self.unexpected),
+            "mismatched_keys": set(self.mismatched),
             "error_msgs": self.problems,
             "report": self,
         }
@@ -55,7 +77,11 @@ class LoadReport:
             ("legacy buffers", len(self.legacy_buffers), _examples(self.legacy_buffers)),
             ("missing", len(self.missing), _examples(self.missing)),
             ("unexpected", len(self.unexpected), _examples(self.unexpected)),
-            ("shape mismatched", len(self.mismatched), _examples(name for name, _, _ in self.mismatched)),
+            (
+                "shape mismatched, reinitialised" if self.mismatched_reinitialized else "shape mismatched",
+                len(self.mismatched),
+                _examples(name for name, _, _ in self.mismatched),
+            ),
             ("NaN / Inf values", len(self.non_finite), _examples(name for name, _ in self.non_finite)),
         ]
         if self.new_head:

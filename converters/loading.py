@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,12 +78,18 @@ def load_pretrained(
         model.base_prefix,
         tied,
     )
-    for name in _new_head_parameters(report, model.heads):
-        state[name] = initial_value(name, expected_shapes[name], config)
+    new_head = _new_head_parameters(report, model.heads)
+    for name in new_head:
         report.missing.remove(name)
         report.new_head.append(name)
+    # Every check runs before any memory is allocated: a config.json that implies a (1 PB) head fails here, in
+    # milliseconds, not after minutes of random initialisation.
     if strict and report.problems:
         raise CheckpointError(_strict_failure_message(directory, report, checkpoint))
+    initialised = new_head + report.missing + [name for name, _, _ in report.mismatched]  # the last two: strict=False
+    check_initialised_size({name: expected_shapes[name] for name in initialised}, checkpoint, directory)
+    for name in new_head:
+        state[name] = initial_value(name, expected_shapes[name], config)
     for name in report.missing + [name for name, _, _ in report.mismatched]:  # only reached with strict=False
         state[name] = initial_value(name, expected_shapes[name], config)
         report.initialized.append(name)
@@ -137,6 +144,7 @@ def match_checkpoint(
     """
     tied = tied or {}
     report = LoadReport(source=source)
+    report.ignored_by_design.update(checkpoint.not_read)  # listed, so that a second weight file is never silent
     state: dict[str, Tensor] = {}
     claimed_by: dict[str, str] = {}
     tied_copies: list[tuple[str, str, Tensor]] = []
@@ -206,6 +214,31 @@ def non_finite(tensor: Tensor) -> str:
         return ""
     first = tuple(int(i) for i in (nan | inf).nonzero()[0])
     return f"{int(nan.sum())} NaN and {int(inf.sum())} Inf values, the first at index {first}"
+
+
+# Parameters a load may create that the checkpoint does not hold (a new classifier; with strict=False, what is
+# missing or mismatched): at most this many values beyond what the checkpoint stores. 2**25 values (128 MB in fp32)
+# hold a 32,768-label classifier on bert-large; a config.json asking for more describes another checkpoint.
+NEW_PARAMETER_ALLOWANCE = 2**25
+
+
+def check_initialised_size(
+    shapes: dict[str, tuple[int, ...]], checkpoint: CheckpointTensors, directory: str | os.PathLike
+) -> None:
+    """Raise `CheckpointError` when the parameters to be initialised (name -> shape) total more values than the
+    checkpoint stores plus `NEW_PARAMETER_ALLOWANCE`: a config.json cannot make a load allocate much more memory
+    than the checkpoint's files hold. Nothing is allocated to decide."""
+    new = sum(math.prod(shape) for shape in shapes.values())
+    stored = sum(tensor.numel() for tensor in checkpoint.tensors.values())
+    if new <= stored + NEW_PARAMETER_ALLOWANCE:
+        return
+    largest = max(shapes, key=lambda name: math.prod(shapes[name]))
+    raise CheckpointError(
+        f"{Path(directory) / CONFIG_FILE}: the model it describes needs {new:,} values ({4 * new / 1e9:,.1f} GB in "
+        f"fp32) that the checkpoint does not hold (the largest: {largest} of shape {shapes[largest]}); a load may "
+        f"initialise at most {NEW_PARAMETER_ALLOWANCE:,} values beyond the {stored:,} stored. Check its sizes "
+        f"(num_labels, hidden_size, vocab_size, ...)."
+    )
 
 
 def _new_head_parameters(report: LoadReport, model_heads: tuple[str, ...]) -> list[str]:

@@ -10,18 +10,20 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from converters.checkpoint_files import PICKLE_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX
+from hfbert.atomic_write import temporary_sibling
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_MAX_SHARD_SIZE = 10**15  # beyond any disk: a larger value is a typo
 _WEIGHT_FILE = re.compile(
     r"^(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|pytorch_model\.bin)$"
 )
@@ -29,12 +31,17 @@ _WEIGHT_FILE = re.compile(
 
 def parse_size(text: str | int) -> int:
     """'2GB' -> 2_000_000_000 (decimal units, as transformers; KiB/MiB/GiB binary)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"max_shard_size {text!r}: expected a size like 500MB or 2GB")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+    if isinstance(text, int) and not isinstance(text, bool):
+        size = text
+    else:
+        match = _SIZE.match(text) if isinstance(text, str) else None
+        if not match:
+            raise ValueError(f"max_shard_size {text!r}: expected a size like 500MB or 2GB")
+        # Exact decimal arithmetic: float() would turn a 400-digit size into inf and int(inf) raise OverflowError.
+        size = int(Fraction(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+    if not 0 < size <= _MAX_SHARD_SIZE:
+        raise ValueError(f"max_shard_size {text!r}: must be between 1 byte and 1PB")
+    return size
 
 
 def write_safetensors(tensors: dict[str, Tensor], directory: Path, max_shard_size: str | int) -> list[str]:
@@ -84,8 +91,9 @@ def atomic_directory(destination: Path, *, replace_files: bool = False) -> Itera
     file (each `os.replace` is atomic), and weight files of an earlier save that the new one does not write are
     removed afterwards, so old shards never mix with new ones.
     """
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    # Beside the destination, named after this process: a run killed by SIGKILL leaves it behind, and the next
+    # write to this destination removes it (hfbert.atomic_write.remove_leftovers).
+    temporary = temporary_sibling(destination, directory=True)
     try:
         yield temporary
         if not destination.exists():

@@ -70,6 +70,7 @@ def multi_head_attention(
 def check_attention_implementation(name: str) -> str:
     if name not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
-            f"attn_implementation={name!r} is not supported; choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"
+            f'Specified `attn_implementation="{name}"` is not supported: hfbert implements '
+            f"{', '.join(repr(known) for known in ATTENTION_IMPLEMENTATIONS)}"
         )
     return name

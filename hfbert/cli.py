@@ -4,14 +4,15 @@
     hfbert convert SRC DEST [--dtype float32|float16|bfloat16] [--max-shard-size 2GB]
     hfbert inspect SRC
     hfbert parity MODEL [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--attn eager|sdpa] [--texts FILE]
-                        [--batch-size N] [--reference MODEL2] [--standard-linear] [--json OUT.json] [--plot OUT.png]
+                        [--batch-size N] [--reference MODEL2] [--linear standard|onednn] [--tolerance ABS]
+                        [--json OUT.json] [--plot OUT.png]
     hfbert embed MODEL [TEXT ...] [--file F] [--pooling cls|mean] [--normalize] [--out F.npy|F.jsonl]
                        [--batch-size N] [--max-length N] [--chunk-size N] [--device D] [--dtype T]
     hfbert fill-mask MODEL "Paris is the [MASK] of France." [--top-k 5] [--device D] [--json]
 
-Exit code 0 on success; on failure, 1 with a one-line reason on stderr (`parity`: 1 also when an output differs
-from transformers beyond the tolerance). 2 when an optional dependency is missing (the message says what to
-install).
+Exit code 0 on success; on failure, 1 with a one-line reason on stderr (`parity`: 1 also when an output is
+less accurate than transformers' own against float64, see hfbert/parity.py). 2 when an optional dependency is
+missing (the message says what to install).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
+
+from hfbert.atomic_write import exit_on_sigterm
 
 
 def download_command(arguments: argparse.Namespace) -> None:
@@ -71,7 +75,8 @@ def parity_command(arguments: argparse.Namespace) -> int:
         texts=read_texts(arguments.texts) if arguments.texts else None,
         batch_size=arguments.batch_size,
         reference=arguments.reference,
-        standard_linear=arguments.standard_linear,
+        linear_kernel=arguments.linear,
+        tolerance=arguments.tolerance,
     )
     print(report.table())
     if arguments.json:
@@ -84,11 +89,13 @@ def parity_command(arguments: argparse.Namespace) -> int:
 
 
 def embed_command(arguments: argparse.Namespace) -> None:
+    from hfbert.atomic_write import refuse_same_file
     from hfbert.embedding import Embedder, count_lines, embed_file, output_kind, read_texts
 
     if bool(arguments.texts) == bool(arguments.file):
         raise ValueError("give the texts either as arguments or with --file, not both and not neither")
     output_kind(arguments.out)  # a wrong suffix fails before the model loads
+    refuse_same_file(arguments.out, {"--file": arguments.file})
     device = arguments.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = f"cuda:{os.environ['LOCAL_RANK']}"
@@ -131,11 +138,48 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
         print(f"{prediction['token_str']!r:<{width}}  {prediction['score']:>7.4f}  {prediction['sequence']}")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), like every other hfbert failure."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def positive_integer(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def compute_device(text: str) -> str:
+    """argparse type: "cpu", "cuda" or "cuda:N" naming a GPU this machine has."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: hfbert runs on cpu or cuda (cuda:N), not {device.type}")
+    if device.type == "cuda":
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA GPU usable by torch")
+        if device.index is not None and device.index >= available:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {available} CUDA GPU(s): cuda:0 ...")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="hfbert", description="Download, convert and inspect BERT checkpoints; check parity, embed, fill masks."
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
     download = commands.add_parser("download", help="download (and verify) what hfbert loads from a Hub repo")
     download.add_argument("repo_id")
@@ -170,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--texts", metavar="FILE", help="your own sentences, one per line (default: the shipped battery)"
     )
     parity.add_argument(
-        "--batch-size", metavar="N", type=int, default=8, help="sequences per padded batch (default: 8)"
+        "--batch-size", metavar="N", type=positive_integer, default=8, help="sequences per padded batch (default: 8)"
     )
     parity.add_argument(
         "--reference",
@@ -178,10 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="load transformers from this checkpoint instead of MODEL (e.g. the original of a converted copy)",
     )
     parity.add_argument(
-        "--standard-linear",
-        action="store_true",
-        help="run hfbert's linear layers on transformers' kernel (F.linear) instead of oneDNN's, so only the port "
-        "can differ (default on CPU: oneDNN, faster, different last bits)",
+        "--linear",
+        choices=["standard", "onednn"],
+        default="standard",
+        help="kernel of hfbert's linear layers: standard (F.linear, transformers' kernel; the default) or onednn "
+        "(faster on x86 CPUs, opt-in: less accurate than the contract allows, see hfbert/linear.py)",
+    )
+    parity.add_argument(
+        "--tolerance",
+        metavar="ABS",
+        type=float,
+        help="also require max abs against transformers <= ABS (the verdict itself compares both with float64)",
     )
     parity.add_argument(
         "--json", metavar="OUT.json", help="write the full report (versions, sha256, every number) to this file"
@@ -198,30 +249,32 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--pooling", choices=["cls", "mean"], default="mean", help="default: mean over real tokens")
     embed.add_argument("--normalize", action="store_true", help="scale each embedding to unit length")
     embed.add_argument("--out", metavar="F.npy|F.jsonl", help="F.npy or F.jsonl (default: JSON lines on stdout)")
-    embed.add_argument("--batch-size", metavar="N", type=int, default=32, help="texts per batch (default: 32)")
+    embed.add_argument(
+        "--batch-size", metavar="N", type=positive_integer, default=32, help="texts per batch (default: 32)"
+    )
     embed.add_argument(
         "--max-length",
         metavar="N",
-        type=int,
+        type=positive_integer,
         help="truncate to this many tokens (default: the sentence-transformers "
         "max_seq_length when the checkpoint has one, else max_position_embeddings)",
     )
     embed.add_argument(
         "--chunk-size",
         metavar="N",
-        type=int,
+        type=positive_integer,
         default=10_000,
         help="lines read, sorted by length and embedded at once (10000)",
     )
-    embed.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    embed.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     embed.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: as stored")
     embed.set_defaults(run=embed_command)
 
     fill_mask = commands.add_parser("fill-mask", help="top-k tokens for the [MASK] in a text")
     fill_mask.add_argument("model", help="local directory or Hub repo id (with a masked-LM head)")
     fill_mask.add_argument("text", help='a text with one [MASK], e.g. "Paris is the [MASK] of France."')
-    fill_mask.add_argument("--top-k", metavar="K", type=int, default=5)
-    fill_mask.add_argument("--device", default="cpu")
+    fill_mask.add_argument("--top-k", metavar="K", type=positive_integer, default=5)
+    fill_mask.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     fill_mask.add_argument("--json", action="store_true", help="print the predictions as one JSON list")
     fill_mask.set_defaults(run=fill_mask_command)
     return parser
@@ -231,14 +284,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hfbert.parity import MissingExtraError
 
     arguments = build_parser().parse_args(argv)
-    try:
-        return arguments.run(arguments) or 0
-    except MissingExtraError as error:
-        print(f"hfbert {arguments.command}: {error}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as error:  # CheckpointError and ConfigError are ValueErrors
-        print(f"hfbert {arguments.command}: {' '.join(str(error).split())}", file=sys.stderr)
-        return 1
+    # SIGTERM unwinds like Ctrl-C, so temporary files and directories are removed on the way out.
+    with exit_on_sigterm():
+        try:
+            return arguments.run(arguments) or 0
+        except MissingExtraError as error:
+            print(f"hfbert {arguments.command}: {error}", file=sys.stderr)
+            return 2
+        except (ValueError, OSError) as error:  # CheckpointError and ConfigError are ValueErrors
+            print(f"hfbert {arguments.command}: {' '.join(str(error).split())}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"hfbert {arguments.command}: interrupted; nothing was written", file=sys.stderr)
+            return 130
+        except Exception as error:  # noqa: BLE001 - the promise: one line on stderr for any input, never a traceback
+            if os.environ.get("HFBERT_TRACEBACK"):
+                raise
+            message = " ".join(str(error).split())[:500]
+            print(
+                f"hfbert {arguments.command}: {type(error).__name__}: {message} (unexpected; set HFBERT_TRACEBACK=1 "
+                f"to see where)",
+                file=sys.stderr,
+            )
+            return 1
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hfbert.activations import ACTIVATIONS
 
@@ -62,8 +63,17 @@ class BertConfig:
     extra_fields: dict[str, Any] = field(default_factory=dict, repr=False)
     # Where the config came from, so every error can name the file. Not part of config.json.
     source: str | None = field(default=None, repr=False, compare=False)
+    # The attention kernel of the model built from this config ("sdpa" / "eager"), kept here as transformers keeps
+    # it, so that `config._attn_implementation` reads and switches it. Runtime state: not part of config.json.
+    _attn_implementation: str | None = field(default=None, repr=False, compare=False)
+    # transformers' constructor spelling of it: BertConfig(attn_implementation="eager").
+    attn_implementation: InitVar[str | None] = None
+    # transformers' composite-model hook: a BERT config holds no nested configs.
+    sub_configs: ClassVar[dict[str, type]] = {}
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, attn_implementation: str | None) -> None:
+        if attn_implementation is not None:
+            self._attn_implementation = attn_implementation
         if self.id2label is not None and not isinstance(self.id2label, dict):
             raise self._fail("id2label", f"must be an object of label index -> name, got {self.id2label!r}")
         if self.id2label is None or (self.num_labels is not None and self.num_labels != len(self.id2label)):
@@ -78,9 +88,12 @@ class BertConfig:
             raise self._fail("label2id", f"must be an object of label name -> index, got {self.label2id!r}")
         try:
             # JSON object keys are strings; transformers turns them back into ints.
-            self.id2label = {int(index): name for index, name in self.id2label.items()}
+            labels = {int(index): name for index, name in self.id2label.items()}
         except (TypeError, ValueError):
             raise self._fail("id2label", f"keys must be label indices, got {list(self.id2label)!r}") from None
+        if len(labels) != len(self.id2label) or not labels:  # {"0": .., "00": ..} would silently lose a label
+            raise self._fail("id2label", f"must map distinct label indices to names, got {self.id2label!r}")
+        self.id2label = labels
         if self.label2id is None:
             self.label2id = {name: index for index, name in self.id2label.items()}
         self.num_labels = len(self.id2label)
@@ -143,6 +156,11 @@ class BertConfig:
 
     # -- derived -----------------------------------------------------------------------------------------------
     @property
+    def is_encoder_decoder(self) -> bool:
+        """transformers' flag for encoder-decoder models; BERT is an encoder."""
+        return False
+
+    @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -163,7 +181,8 @@ class BertConfig:
         where = f"{source}: " if source else ""
         if not isinstance(values, dict):
             raise ConfigError(f"{where}expected a JSON object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source"}  # num_labels is accepted
+        # num_labels is accepted; the runtime attention setting is not read from files.
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source", "_attn_implementation"}
         typed = {key: value for key, value in values.items() if key in known}
         extra = {key: value for key, value in values.items() if key not in known}
         # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
@@ -188,19 +207,59 @@ class BertConfig:
             raise ConfigError(f"{path}: not valid JSON ({error})") from None
         return cls.from_dict(values, source=str(path))
 
+    @classmethod
+    def from_pretrained(
+        cls, path_or_repo_id: str | os.PathLike, *, revision: str | None = None, **overrides: Any
+    ) -> BertConfig:
+        """The config.json of a checkpoint directory or Hub repo id (only that file is downloaded), with keyword
+        overrides applied, as transformers' `BertConfig.from_pretrained` (PEFT calls it on the base model).
+
+        >>> config = BertConfig.from_pretrained("google-bert/bert-base-uncased", num_labels=3)  # doctest: +SKIP
+        """
+        from converters.hub import CONFIG_FILE, resolve_checkpoint
+
+        directory = resolve_checkpoint(path_or_repo_id, revision, include_weights=False)
+        config = cls.from_json_file(directory / CONFIG_FILE)
+        if not overrides:
+            return config
+        # A num_labels that differs from the stored labels' count makes new ones (LABEL_0, ...): __post_init__.
+        return cls.from_dict({**config.to_dict(), **overrides}, source=config.source)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write `save_directory/config.json` (the directory is created), as transformers' configs do."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.to_json_file(directory / "config.json")
+
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> BertConfig:
+        """transformers asks multimodal configs for their text part; a BERT config is all text."""
+        return self
+
     def to_dict(self) -> dict[str, Any]:
+        """The config.json contents (unknown keys included), as a dict."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_IN_JSON}
         return {**self.extra_fields, **values}
 
-    def to_json_string(self) -> str:
+    def to_diff_dict(self) -> dict[str, Any]:
+        """The fields whose value differs from the default (and every unknown key), as transformers' configs."""
+        defaults = type(self)().to_dict()
+        return {key: value for key, value in self.to_dict().items() if key not in defaults or defaults[key] != value}
+
+    def __iter__(self) -> Iterator[str]:
+        # transformers' configs iterate over their attribute names (its model tests walk them this way).
+        return iter(self.to_dict())
+
+    def to_json_string(self, use_diff: bool = False) -> str:
+        """config.json as text. `use_diff` is accepted for transformers' signature; hfbert always writes every
+        field (a config read back must not depend on the defaults of the version that reads it)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         """Write config.json atomically (temporary file, then rename)."""
-        path = Path(path)
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        temporary.write_text(self.to_json_string(), encoding="utf-8")
-        os.replace(temporary, path)
+        from hfbert.atomic_write import atomic_file
+
+        with atomic_file(path) as temporary:
+            temporary.write_text(self.to_json_string(), encoding="utf-8")
 
 
 _POSITIVE_INTEGERS = (
@@ -218,7 +277,7 @@ _MAX_SIZE = 2**24
 _MAX_LAYERS = 256
 _MAX_LABELS = 2**20
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
-_NOT_IN_JSON = ("extra_fields", "source", "num_labels")
+_NOT_IN_JSON = ("extra_fields", "source", "num_labels", "_attn_implementation")
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 
 

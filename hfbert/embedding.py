@@ -9,7 +9,9 @@ How a large input runs (`embed_file`): the input (a text file, one text per line
 line) is read in chunks of `CHUNK_SIZE` lines, never whole. Each chunk is sorted by length so that batches hold
 texts of similar length (little padding), embedded batch by batch, put back in input order and appended to the
 output: a `.npy` file (a memory map of shape (lines, hidden_size), float32, sized after counting the lines) or
-a `.jsonl` file (one {"index", "embedding"} per line); with no output file, JSON lines on stdout.
+a `.jsonl` file (one {"index", "embedding"} per line); with no output file, JSON lines on stdout. An output file
+is written beside its destination and renamed into place when complete (`hfbert.atomic_write`): a failed run
+leaves an existing output untouched.
 
 Under `torchrun` (RANK and WORLD_SIZE set, WORLD_SIZE > 1) each process embeds the lines i with
 i % WORLD_SIZE == RANK into a part file `OUT.rank{RANK}`; after a barrier (gloo process group) rank 0 merges the
@@ -32,6 +34,8 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from hfbert.atomic_write import atomic_file
 
 CHUNK_SIZE = 10_000
 POOLINGS = ("cls", "mean")
@@ -75,7 +79,10 @@ class Embedder:
             directory, device=device, dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype, add_pooling_layer=False
         )
         self.pooling, self.normalize, self.batch_size = pooling, normalize, batch_size
-        self.max_length = max_length or default_max_length(directory, self.model.config.max_position_embeddings)
+        limit = self.model.config.max_position_embeddings
+        if max_length is not None and not 1 <= max_length <= limit:
+            raise ValueError(f"max_length must be in [1, {limit}] (max_position_embeddings), got {max_length}")
+        self.max_length = max_length or default_max_length(directory, limit)
         self.dimension = self.model.config.hidden_size
 
     @torch.no_grad()
@@ -106,11 +113,11 @@ class Embedder:
 def default_max_length(directory: Path, max_position_embeddings: int) -> int:
     """sentence-transformers' `max_seq_length` when the checkpoint has a sentence_bert_config.json, else the
     model's maximum."""
-    config = directory / "sentence_bert_config.json"
-    if config.is_file():
-        value = json.loads(config.read_text(encoding="utf-8")).get("max_seq_length")
-        if isinstance(value, int) and value > 0:
-            return min(value, max_position_embeddings)
+    from hfbert.tokenizer import read_json_object
+
+    value = read_json_object(directory / "sentence_bert_config.json").get("max_seq_length")
+    if isinstance(value, int) and value > 0:
+        return min(value, max_position_embeddings)
     return max_position_embeddings
 
 
@@ -121,24 +128,39 @@ def read_texts(path: str | os.PathLike) -> Iterator[str]:
     """The texts of a file, lazily: one per line; a `.jsonl` file holds one JSON object with a "text" per line.
     Every line counts (an empty line of a text file is an empty text), so index i is line i."""
     jsonl = Path(path).suffix == ".jsonl"
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip("\n")
-            if not jsonl:
-                yield line
-                continue
+    for number, line in numbered_lines(path):
+        if not jsonl:
+            yield line
+            continue
+        try:
+            record = json.loads(line)
+        # ValueError: bad JSON, and integers of more than 4300 digits; RecursionError: arrays nested 100,000 deep.
+        except (ValueError, RecursionError) as error:
+            reason = error.msg if isinstance(error, json.JSONDecodeError) else type(error).__name__
+            raise ValueError(f"{path}:{number}: not a JSON object ({reason})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f'{path}:{number}: expected a JSON object with a string "text" field')
+        yield record["text"]
+
+
+def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line without its end-of-line) for each line of a UTF-8 text file, read lazily.
+
+    Lines end at "\n" ("\r\n" too). Each line is decoded on its own, so invalid UTF-8 is reported with its line
+    number (a text-mode file decodes blocks of 8 KB and could only say "somewhere in this block")."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not a JSON object ({error.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(f'{path}:{number}: expected a JSON object with a string "text" field')
-            yield record["text"]
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number}: not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})"
+                ) from None
+            yield number, line.removesuffix("\n").removesuffix("\r")
 
 
 def count_lines(path: str | os.PathLike) -> int:
-    with open(path, encoding="utf-8") as handle:
-        return sum(1 for _ in handle)
+    return sum(1 for _ in numbered_lines(path))
 
 
 def chunks(items: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
@@ -172,7 +194,8 @@ class NpyWriter:
         numpy = import_numpy()
         self.path, self.row = path, 0
         if rows == 0:  # numpy cannot memory-map an empty array: write the (0, dimension) file directly
-            numpy.save(path, numpy.empty((0, dimension), dtype=numpy.float32))
+            with open(path, "wb") as handle:  # a handle: numpy.save(path) would append ".npy" to a temporary name
+                numpy.save(handle, numpy.empty((0, dimension), dtype=numpy.float32))
             self.array = None
         else:
             self.array = numpy.lib.format.open_memmap(path, mode="w+", dtype=numpy.float32, shape=(rows, dimension))
@@ -243,18 +266,22 @@ def embed_file(
         raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
     target = f"{out}.rank{rank}" if world > 1 else out
     share = len(range(rank, total, world))
-    writer = open_writer(target, share, embedder.dimension, kind)
     bar = tqdm(total=share, desc="embed", unit="text", disable=None if progress and rank == 0 else True)
-    try:
-        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
-        for chunk in chunks(mine, chunk_size):
-            embeddings = embedder.embed([text for _, text in chunk], progress=bar)
-            writer.write([index for index, _ in chunk], embeddings)
-    finally:
-        writer.close()
-        bar.close()
-    if isinstance(writer, NpyWriter) and writer.row != share:
-        raise ValueError(f"counted {share} texts but read {writer.row}: did the input change while it was read?")
+    # Into a temporary file that replaces `target` only once every row is written: a failure on line 21 leaves
+    # an existing output as it was, never overwritten with 20 rows.
+    with ExitStack() as stack:
+        temporary = stack.enter_context(atomic_file(target)) if target is not None else None
+        writer = open_writer(temporary, share, embedder.dimension, kind)
+        try:
+            mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+            for chunk in chunks(mine, chunk_size):
+                embeddings = embedder.embed([text for _, text in chunk], progress=bar)
+                writer.write([index for index, _ in chunk], embeddings)
+        finally:
+            writer.close()
+            bar.close()
+        if isinstance(writer, NpyWriter) and writer.row != share:
+            raise ValueError(f"counted {share} texts but read {writer.row}: did the input change while it was read?")
     if world > 1:
         merge_under_torchrun(out, kind, rank, world, total, embedder.dimension)
     return share
@@ -282,21 +309,21 @@ def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: in
 
 def merge_parts(out: str | os.PathLike, kind: str, parts: list[str], total: int, dimension: int) -> None:
     world = len(parts)
-    if kind == ".jsonl":
-        with ExitStack() as stack:
-            handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
-            merged = stack.enter_context(open(out, "w", encoding="utf-8"))
-            for index in range(total):
-                merged.write(handles[index % world].readline())
-        return
-    numpy = import_numpy()
-    merged = NpyWriter(out, total, dimension).array
-    for rank, part in enumerate(parts):
-        if len(range(rank, total, world)) == 0:
-            continue
-        rows = numpy.load(part, mmap_mode="r")
-        mine = merged[rank::world]  # a strided view: writing to it writes rows rank, rank + world, ...
-        for start in range(0, len(rows), CHUNK_SIZE):
-            mine[start : start + CHUNK_SIZE] = rows[start : start + CHUNK_SIZE]
-    if merged is not None:
-        merged.flush()
+    with atomic_file(out) as temporary:
+        if kind == ".jsonl":
+            with ExitStack() as stack:
+                handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
+                merged = stack.enter_context(open(temporary, "w", encoding="utf-8"))
+                for index in range(total):
+                    merged.write(handles[index % world].readline())
+            return
+        numpy = import_numpy()
+        writer = NpyWriter(temporary, total, dimension)
+        for rank, part in enumerate(parts):
+            if len(range(rank, total, world)) == 0:
+                continue
+            rows = numpy.load(part, mmap_mode="r")
+            mine = writer.array[rank::world]  # a strided view: writing to it writes rows rank, rank + world, ...
+            for start in range(0, len(rows), CHUNK_SIZE):
+                mine[start : start + CHUNK_SIZE] = rows[start : start + CHUNK_SIZE]
+        writer.close()

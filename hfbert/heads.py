@@ -20,12 +20,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfbert.activations import ACTIVATIONS
-from hfbert.attention import DEFAULT_ATTENTION
 from hfbert.config import BertConfig
+from hfbert.inputs import class_labels
 from hfbert.linear import Linear
 from hfbert.model import BertModel
 from hfbert.outputs import LogitsOutput, PreTrainingOutput, QuestionAnsweringOutput
-from hfbert.pretrained import BertPreTrainedModel
+from hfbert.pretrained import BertPreTrainedModel, resized_rows
 
 MLM_HEAD, NSP_HEAD, CLASSIFIER_HEAD, QA_HEAD = "cls.predictions.", "cls.seq_relationship.", "classifier.", "qa_outputs."
 
@@ -67,7 +67,7 @@ class BertPreTrainingHeads(nn.Module):
 class _BertWithHead(BertPreTrainedModel):
     """Shared by the task models: the encoder call and the transformers-style return."""
 
-    def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str) -> None:
+    def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str | None) -> None:
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=add_pooling_layer, attn_implementation=attn_implementation)
@@ -95,18 +95,16 @@ class _MaskedLanguageModel(_BertWithHead):
     def get_output_embeddings(self) -> nn.Linear:
         return self.cls.predictions.decoder
 
-    def resize_output_bias(self, new_num_tokens: int) -> None:
+    def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
         predictions = self.cls.predictions
         old = predictions.bias
-        bias = torch.zeros(new_num_tokens, device=old.device, dtype=old.dtype)
-        kept = min(new_num_tokens, old.numel())
-        bias[:kept] = old.detach()[:kept]
-        predictions.bias = nn.Parameter(bias)
-        if not self.config.tie_word_embeddings:
+        # transformers (5.24) grows the bias with zeros while the decoder is tied, with the old mean once untied.
+        tied = self.config.tie_word_embeddings
+        predictions.bias = nn.Parameter(resized_rows(old, new_num_tokens, mean_resizing and not tied, std=0.0))
+        if not tied:
             decoder = Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
-            with torch.no_grad():
-                decoder.weight.normal_(0.0, self.config.initializer_range)
-                decoder.weight[:kept] = predictions.decoder.weight[:kept]
+            std = self.config.initializer_range
+            decoder.weight = nn.Parameter(resized_rows(predictions.decoder.weight, new_num_tokens, mean_resizing, std))
             predictions.decoder = decoder
         predictions.decoder.out_features = new_num_tokens
 
@@ -114,7 +112,7 @@ class _MaskedLanguageModel(_BertWithHead):
 class BertForPreTraining(_MaskedLanguageModel):
     heads = (MLM_HEAD, NSP_HEAD)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.cls = BertPreTrainingHeads(config, next_sentence=True)
         self.init_weights()
@@ -145,8 +143,13 @@ class BertForPreTraining(_MaskedLanguageModel):
         seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)
         loss = None
         if labels is not None and next_sentence_label is not None:
-            loss = F.cross_entropy(prediction_logits.view(-1, self.config.vocab_size), labels.view(-1))
-            loss = loss + F.cross_entropy(seq_relationship_logits.view(-1, 2), next_sentence_label.view(-1))
+            rows = prediction_logits.shape[:-1].numel()
+            labels = class_labels("labels", labels, self.config.vocab_size, rows)
+            next_sentence_label = class_labels(
+                "next_sentence_label", next_sentence_label, 2, len(seq_relationship_logits)
+            )
+            loss = F.cross_entropy(prediction_logits.view(-1, self.config.vocab_size), labels)
+            loss = loss + F.cross_entropy(seq_relationship_logits.view(-1, 2), next_sentence_label)
         output = PreTrainingOutput(
             loss, prediction_logits, seq_relationship_logits, encoded.hidden_states, encoded.attentions
         )
@@ -156,7 +159,7 @@ class BertForPreTraining(_MaskedLanguageModel):
 class BertForMaskedLM(_MaskedLanguageModel):
     heads = (MLM_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
         self.cls = BertPreTrainingHeads(config, next_sentence=False)
         self.init_weights()
@@ -185,7 +188,8 @@ class BertForMaskedLM(_MaskedLanguageModel):
         logits = self.cls.predictions(encoded.last_hidden_state)
         loss = None
         if labels is not None:  # label -100 marks positions without a target
-            loss = F.cross_entropy(logits.view(-1, self.config.vocab_size), labels.view(-1))
+            labels = class_labels("labels", labels, self.config.vocab_size, logits.shape[:-1].numel())
+            loss = F.cross_entropy(logits.view(-1, self.config.vocab_size), labels)
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
     @torch.no_grad()
@@ -195,7 +199,13 @@ class BertForMaskedLM(_MaskedLanguageModel):
         >>> model.fill_mask("Paris is the [MASK] of France.", tokenizer)[0]["token_str"]  # doctest: +SKIP
         'capital'
         """
-        encoding = tokenizer(text, return_tensors="pt")
+        if not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"top_k must be in [1, {self.config.vocab_size}] (the vocabulary size), got {top_k}")
+        # One token more than the model takes tells "too long" without tokenising all of a 5 MB text.
+        limit = self.config.max_position_embeddings
+        encoding = tokenizer(text, truncation=True, max_length=limit + 1, return_tensors="pt")
+        if encoding["input_ids"].shape[1] > limit:
+            raise ValueError(f"the text is longer than the model's {limit} tokens (max_position_embeddings)")
         input_ids = encoding["input_ids"].to(self.device)
         positions = (input_ids[0] == tokenizer.mask_token_id).nonzero().flatten()
         if len(positions) != 1:
@@ -226,7 +236,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
 class BertForNextSentencePrediction(_BertWithHead):
     heads = (NSP_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.cls = BertPreTrainingHeads(config, next_sentence=True, masked_lm=False)
         self.init_weights()
@@ -253,14 +263,14 @@ class BertForNextSentencePrediction(_BertWithHead):
             output_hidden_states,
         )
         logits = self.cls.seq_relationship(encoded.pooler_output)
-        loss = F.cross_entropy(logits.view(-1, 2), labels.view(-1)) if labels is not None else None
+        loss = F.cross_entropy(logits, class_labels("labels", labels, 2, len(logits))) if labels is not None else None
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
 
 class BertForSequenceClassification(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
@@ -308,7 +318,7 @@ class BertForSequenceClassification(_BertWithHead):
                 else:
                     loss = F.mse_loss(logits, labels)
             elif problem == "single_label_classification":
-                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+                loss = F.cross_entropy(logits, class_labels("labels", labels, self.num_labels, len(logits)))
             else:
                 loss = F.binary_cross_entropy_with_logits(logits, labels)
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
@@ -317,7 +327,7 @@ class BertForSequenceClassification(_BertWithHead):
 class BertForTokenClassification(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
@@ -348,14 +358,15 @@ class BertForTokenClassification(_BertWithHead):
         logits = self.classifier(self.dropout(encoded.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+            labels = class_labels("labels", labels, self.num_labels, logits.shape[:-1].numel())
+            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels)
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
 
 class BertForQuestionAnswering(_BertWithHead):
     heads = (QA_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
         # Start / end logits at pad positions take part in the loss (as in transformers), so the encoder keeps
         # computing pad positions instead of running padding-free.
@@ -406,7 +417,7 @@ class BertForQuestionAnswering(_BertWithHead):
 class BertForMultipleChoice(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str = DEFAULT_ATTENTION) -> None:
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.dropout = self.classifier_dropout()
         self.classifier = Linear(config.hidden_size, 1)
@@ -440,5 +451,7 @@ class BertForMultipleChoice(_BertWithHead):
             output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.pooler_output)).view(-1, num_choices)
-        loss = F.cross_entropy(logits, labels) if labels is not None else None
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits, class_labels("labels", labels, num_choices, len(logits)))
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)

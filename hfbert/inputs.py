@@ -15,6 +15,8 @@ from torch import Tensor
 
 from hfbert.config import BertConfig
 
+INDEX_DTYPES = (torch.int64, torch.int32)
+
 
 def check_inputs(
     config: BertConfig,
@@ -24,7 +26,11 @@ def check_inputs(
     token_type_ids: Tensor | None,
     position_ids: Tensor | None,
     inputs_embeds: Tensor | None,
+    dtype: torch.dtype | None = None,
 ) -> None:
+    """Raise ValueError naming the first argument that the model cannot run: type (a tensor, not a list), dtype
+    (`dtype`: the model's, which `inputs_embeds` must have), shape (batch and sequence agree across arguments),
+    device, and values (ids in their tables, a 0/1 mask)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
     if input_ids is not None:
@@ -37,6 +43,12 @@ def check_inputs(
                 f"inputs_embeds has size {inputs_embeds.shape[-1]} in its last dimension; the model's hidden_size "
                 f"is {config.hidden_size}"
             )
+        # The embeddings' sum promotes to the wider dtype: fp16 embeddings into an fp32 model work, fp64 ones (or
+        # fp32 into a bf16 model) would reach LayerNorm in a dtype its weights are not ("mixed dtype").
+        if dtype is not None and torch.promote_types(inputs_embeds.dtype, dtype) != dtype:
+            raise ValueError(
+                f"inputs_embeds has dtype {inputs_embeds.dtype} but the model runs in {dtype}; cast it: .to({dtype})"
+            )
         shape = tuple(inputs_embeds.shape[:2])
     if 0 in shape:
         raise ValueError(f"empty batch: inputs have shape {shape} (batch, sequence); both must be at least 1")
@@ -48,9 +60,10 @@ def check_inputs(
         "position_ids": position_ids,
     }
     for name, tensor in given.items():
-        if tensor is not None and tensor.device != device:
+        if isinstance(tensor, Tensor) and tensor.device != device:  # other types are named below
             raise ValueError(f"{name} is on {tensor.device} but the model is on {device}; move both to one device")
     if attention_mask is not None:
+        _check_tensor("attention_mask", attention_mask, dimensions=None, integer=False, floating_allowed=True)
         if tuple(attention_mask.shape) != shape:
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, sequence) = {shape}"
@@ -63,7 +76,7 @@ def check_inputs(
             raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {shape}")
     if position_ids is not None:
         _check_tensor("position_ids", position_ids, dimensions=None, integer=True)
-        if position_ids.shape[-1] != shape[1] or position_ids.dim() > 2:
+        if position_ids.shape[-1] != shape[1] or position_ids.dim() > 2 or not _broadcasts(position_ids, shape[0]):
             raise ValueError(
                 f"position_ids has shape {tuple(position_ids.shape)}; expected (sequence,), (1, sequence) or "
                 f"(batch, sequence) with sequence = {shape[1]}"
@@ -88,16 +101,47 @@ def check_inputs(
             )
 
 
-def _check_tensor(name: str, tensor: Tensor, dimensions: int | None, integer: bool) -> None:
+def _check_tensor(
+    name: str, tensor: Tensor, dimensions: int | None, integer: bool, floating_allowed: bool = False
+) -> None:
     if not isinstance(tensor, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__} (use torch.tensor(...))")
     if dimensions is not None and tensor.dim() != dimensions:
         expected = "(batch, sequence)" if dimensions == 2 else "(batch, sequence, hidden)"
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}; expected {expected}")
-    if integer and (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
-        raise ValueError(f"{name} has dtype {tensor.dtype}; expected an integer dtype (torch.long)")
+    if floating_allowed:  # a mask: any real dtype, its values are checked to be 0 / 1
+        return
+    # Embedding lookups take int64 or int32 indices only: uint8 / int16 ids would fail inside the kernel.
+    if integer and tensor.dtype not in INDEX_DTYPES:
+        raise ValueError(f"{name} has dtype {tensor.dtype}; expected torch.int64 (or torch.int32): use .long()")
     if not integer and not tensor.is_floating_point():
         raise ValueError(f"{name} has dtype {tensor.dtype}; expected a floating-point dtype")
+
+
+def _broadcasts(position_ids: Tensor, batch: int) -> bool:
+    """(sequence,), (1, sequence) and (batch, sequence) position ids apply to a batch of `batch` rows."""
+    return position_ids.dim() < 2 or position_ids.shape[0] in (1, batch)
+
+
+def class_labels(name: str, labels: Tensor, classes: int, rows: int, ignore_index: int = -100) -> Tensor:
+    """`labels` for a cross-entropy loss over `rows` predictions of `classes` classes, checked and flattened to
+    (rows,): a tensor of integers in [0, classes), or `ignore_index` for a position without a target. A wrong
+    value otherwise ends in "IndexError: Target 5 is out of bounds" (or a device-side assert on GPU)."""
+    if not isinstance(labels, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
+    if labels.dtype not in INDEX_DTYPES:
+        raise ValueError(f"{name} has dtype {labels.dtype}; class labels must be torch.int64 (or torch.int32)")
+    if labels.numel() != rows:
+        raise ValueError(f"{name} has shape {tuple(labels.shape)} ({labels.numel()} labels) for {rows} predictions")
+    if not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+        outside = ((labels < 0) | (labels >= classes)) & (labels != ignore_index)
+        if bool(outside.any()):
+            position = _first(outside)
+            raise ValueError(
+                f"{name} must lie in [0, {classes}) or be {ignore_index} (ignored); found {labels[position].item()} "
+                f"at position {position}"
+            )
+    return labels.reshape(-1)
 
 
 def _check_range(name: str, tensor: Tensor | None, limit: int, field: str) -> None:

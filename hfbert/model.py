@@ -14,6 +14,8 @@ default token type ids are computed in `forward`, never stored.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -158,7 +160,8 @@ class BertModel(BertPreTrainedModel):
     """The BERT encoder; a drop-in for `transformers.BertModel` (same state dict keys, forward arguments and
     output fields).
 
-    `attn_implementation` is "sdpa" (default; fused kernel) or "eager" (needed for `output_attentions=True`).
+    `attn_implementation` is "sdpa" (default; fused kernel) or "eager". A call with `output_attentions=True`
+    runs the eager kernel whatever the setting (sdpa never writes the probabilities out), as transformers does.
     In eval mode, a batch with padding runs padding-free (see `padding.py`) unless `padding_free=False`;
     outputs at pad positions are then zeros instead of the values a padded computation gives them.
     """
@@ -169,14 +172,20 @@ class BertModel(BertPreTrainedModel):
         self,
         config: BertConfig,
         add_pooling_layer: bool = True,
-        attn_implementation: str = DEFAULT_ATTENTION,
+        attn_implementation: str | None = None,
         padding_free: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
-        self.attn_implementation = check_attention_implementation(attn_implementation)
+        # An explicit argument wins, then what the config says (transformers' `config._attn_implementation`).
+        self.attn_implementation = attn_implementation or config._attn_implementation or DEFAULT_ATTENTION
         self.padding_free = padding_free
-        self.gradient_checkpointing = False
+        # Gradient checkpointing, set by `activation_checkpointing_enable` (pretrained.py); a legacy
+        # `"gradient_checkpointing": true` in config.json turns it on, as in transformers.
+        self.gradient_checkpointing = getattr(config, "gradient_checkpointing", False) is True
+        self.checkpoint_kwargs: dict = {"use_reentrant": False}
+        self.checkpoint_every_n_layers = 1
+        self.checkpoint_offload = False
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         # Without a pooler the module tree has no pooler at all, so DDP sees no unused parameters.
@@ -204,13 +213,21 @@ class BertModel(BertPreTrainedModel):
             output_attentions = self.config.output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        if output_attentions and self.attn_implementation != "eager":
-            raise ValueError(
-                f"output_attentions=True needs attn_implementation='eager'; this model uses "
-                f"{self.attn_implementation!r}, which never computes the probabilities. Load with "
-                f"attn_implementation='eager' or call model.set_attn_implementation('eager')."
-            )
-        check_inputs(self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        implementation = self.attn_implementation
+        if output_attentions and implementation != "eager":
+            # sdpa never materialises the probabilities: this call computes them with the eager kernel.
+            _warn_once_eager_for_attentions(implementation)
+            implementation = "eager"
+        check_inputs(
+            self.config,
+            self.device,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            dtype=self.dtype,
+        )
 
         layout = self.batch_layout(attention_mask, output_attentions)
         if layout == "packed":
@@ -231,13 +248,11 @@ class BertModel(BertPreTrainedModel):
 
         all_hidden_states = [hidden_states]
         all_attentions = []
-        for layer in self.encoder.layer:
-            if self.gradient_checkpointing and self.training:
-                hidden_states, probabilities = checkpoint(
-                    layer, hidden_states, batch, self.attn_implementation, use_reentrant=False
-                )
+        for index, layer in enumerate(self.encoder.layer):
+            if self.checkpointed(index):
+                hidden_states, probabilities = self.run_checkpointed(layer, hidden_states, batch, implementation)
             else:
-                hidden_states, probabilities = layer(hidden_states, batch, self.attn_implementation)
+                hidden_states, probabilities = layer(hidden_states, batch, implementation)
             all_hidden_states.append(hidden_states)
             all_attentions.append(probabilities)
         if isinstance(batch, PackedBatch):
@@ -251,6 +266,19 @@ class BertModel(BertPreTrainedModel):
             attentions=tuple(all_attentions) if output_attentions else None,
         )
         return output if return_dict is not False else output.to_tuple()
+
+    def checkpointed(self, layer_index: int) -> bool:
+        """Whether this layer is recomputed in the backward pass (training with checkpointing on)."""
+        return self.gradient_checkpointing and self.training and layer_index % self.checkpoint_every_n_layers == 0
+
+    def run_checkpointed(
+        self, layer: BertLayer, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
+    ) -> tuple[Tensor, Tensor | None]:
+        if not self.checkpoint_offload:
+            return checkpoint(layer, hidden_states, batch, implementation, **self.checkpoint_kwargs)
+        # The saved layer inputs wait for the backward pass in host memory (pinned when a GPU will read them).
+        with torch.autograd.graph.save_on_cpu(pin_memory=hidden_states.is_cuda):
+            return checkpoint(layer, hidden_states, batch, implementation, **self.checkpoint_kwargs)
 
     def batch_layout(self, attention_mask: Tensor | None, output_attentions: bool) -> str:
         """ "unmasked" when there is no padding (as transformers, the kernels then get no mask at all), "packed"
@@ -273,6 +301,15 @@ class BertModel(BertPreTrainedModel):
     def backbone(self) -> BertModel:
         return self
 
+    @property
+    def attn_implementation(self) -> str:
+        """The attention kernel, "sdpa" or "eager"; kept on the config, where transformers keeps it."""
+        return self.config._attn_implementation
+
+    @attn_implementation.setter
+    def attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = check_attention_implementation(name)
+
     @staticmethod
     def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
         """(batch, sequence) 0/1 mask -> boolean (batch, 1, 1, sequence), True where a key may be attended."""
@@ -282,3 +319,17 @@ class BertModel(BertPreTrainedModel):
         # A row with no real token at all attends to every position instead of to nothing: a defined output
         # (never NaN) that is the same in both attention implementations.
         return key_mask | ~key_mask.any(dim=-1, keepdim=True)
+
+
+_warned_eager_for_attentions = False
+
+
+def _warn_once_eager_for_attentions(implementation: str) -> None:
+    global _warned_eager_for_attentions
+    if not _warned_eager_for_attentions and not torch.compiler.is_compiling():
+        _warned_eager_for_attentions = True
+        warnings.warn(
+            f"output_attentions=True: attn_implementation={implementation!r} does not compute attention "
+            f"probabilities, so calls that ask for them run the eager kernel (said once).",
+            stacklevel=2,
+        )

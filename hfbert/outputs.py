@@ -2,6 +2,9 @@
 
 `out.last_hidden_state`, `out["last_hidden_state"]` and `out[0]` all work; as in transformers, fields that are
 None are skipped by integer indexing, iteration and `to_tuple()`, and are absent as keys.
+
+Every output class is a pytree node (its fields that are not None are the children), as transformers registers its
+outputs: `torch.export`, `torch.compile(fullgraph=True)` and `torch.utils._pytree` see through them.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 
@@ -77,3 +81,28 @@ class QuestionAnsweringOutput(ModelOutput):
     end_logits: Tensor | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+
+
+def _flatten(output: ModelOutput) -> tuple[list[Any], list[str]]:
+    return output.values(), output.keys()
+
+
+def _flatten_with_keys(output: ModelOutput) -> tuple[list[tuple[pytree.KeyEntry, Any]], list[str]]:
+    return [(pytree.GetAttrKey(name), value) for name, value in output.items()], output.keys()
+
+
+def _register_pytree_node(output_type: type[ModelOutput]) -> None:
+    def unflatten(values: Any, names: list[str]) -> ModelOutput:
+        return output_type(**dict(zip(names, values, strict=True)))
+
+    pytree.register_pytree_node(
+        output_type,
+        _flatten,
+        unflatten,
+        serialized_type_name=f"{output_type.__module__}.{output_type.__qualname__}",
+        flatten_with_keys_fn=_flatten_with_keys,
+    )
+
+
+for _output_type in (BertModelOutput, PreTrainingOutput, LogitsOutput, QuestionAnsweringOutput):
+    _register_pytree_node(_output_type)

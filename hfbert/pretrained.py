@@ -24,11 +24,50 @@ class BertPreTrainedModel(nn.Module):
     heads: ClassVar[tuple[str, ...]] = ()
     config: BertConfig
     name_or_path: str = ""
+    # transformers' `PreTrainedModel` class attributes that Trainer, PEFT, accelerate and transformers' own model
+    # tests read, with the values transformers' BERT classes have.
+    config_class: ClassVar[type[BertConfig]] = BertConfig
+    base_model_prefix: ClassVar[str] = "bert"
+    main_input_name: ClassVar[str] = "input_ids"
+    supports_gradient_checkpointing: ClassVar[bool] = True
+    _supports_sdpa: ClassVar[bool] = True
+    _supports_flash_attn: ClassVar[bool] = False
+    _supports_flex_attn: ClassVar[bool] = False
+    _keys_to_ignore_on_save: ClassVar[list[str] | None] = None
+    _keys_to_ignore_on_load_missing: ClassVar[list[str] | None] = None
+    _keys_to_ignore_on_load_unexpected: ClassVar[list[str] | None] = None
 
     @property
     def backbone(self) -> nn.Module:
         """The `BertModel` inside (the model itself for `BertModel`)."""
         return self.bert
+
+    @property
+    def base_model(self) -> nn.Module:
+        """transformers' name for `backbone`."""
+        return self.backbone
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        """BERT is an encoder: no `generate()` (transformers asks before setting up generation)."""
+        return False
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # Both kernels can be swapped at any time (`set_attn_implementation`).
+        return True
+
+    @classmethod
+    def _from_config(cls, config: BertConfig, **kwargs: Any) -> BertPreTrainedModel:
+        """transformers' constructor hook: a randomly initialised model for `config`; `dtype` casts it."""
+        dtype, torch_dtype = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
+        dtype = _as_dtype(dtype or torch_dtype)
+        model = cls(config, **kwargs)
+        return model.to(dtype) if dtype is not None else model
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        """The layer that produces vocabulary logits; None for models without one (as in transformers)."""
+        return None
 
     # -- initialisation ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -56,6 +95,11 @@ class BertPreTrainedModel(nn.Module):
         """Parameters that are the same tensor as another: name -> the name it is tied to."""
         return {}
 
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        # transformers' name for `tied_weights()` (tied parameter -> its source), read by its tools and tests.
+        return self.tied_weights()
+
     def tie_weights(self) -> None:
         for name, source in self.tied_weights().items():
             module_name, _, attribute = name.rpartition(".")
@@ -68,26 +112,40 @@ class BertPreTrainedModel(nn.Module):
     def set_input_embeddings(self, embeddings: nn.Embedding) -> None:
         self.backbone.embeddings.word_embeddings = embeddings
         self.tie_weights()
+        if getattr(self, "_input_require_grads_hook", None) is not None:  # the hook follows the new module
+            self.disable_input_require_grads()
+            self.enable_input_require_grads()
 
-    def resize_token_embeddings(self, new_num_tokens: int) -> nn.Embedding:
-        """Grow or shrink the vocabulary; kept rows are copied, new rows initialised as transformers does."""
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Grow or shrink the vocabulary, as transformers does: kept rows are copied; added rows are the mean of the
+        old rows (`mean_resizing=True`, transformers' default) or normal(0, initializer_range); an output layer over
+        the vocabulary follows. `pad_to_multiple_of` rounds the size up; with neither argument nothing changes."""
         old = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return old
+        if new_num_tokens is None:
+            new_num_tokens = old.num_embeddings
+        if pad_to_multiple_of is not None:
+            if not (isinstance(pad_to_multiple_of, int) and pad_to_multiple_of > 0):
+                raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}")
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
         if new_num_tokens <= 0:
             raise ValueError(f"new_num_tokens must be positive, got {new_num_tokens}")
         padding_idx = old.padding_idx if old.padding_idx is not None and old.padding_idx < new_num_tokens else None
         new = nn.Embedding(new_num_tokens, old.embedding_dim, padding_idx=padding_idx)
         new.to(device=old.weight.device, dtype=old.weight.dtype)
         with torch.no_grad():
-            new.weight.normal_(mean=0.0, std=self.config.initializer_range)
-            kept = min(new_num_tokens, old.num_embeddings)
-            new.weight[:kept] = old.weight[:kept]
+            new.weight.copy_(resized_rows(old.weight, new_num_tokens, mean_resizing, self.config.initializer_range))
+        new.requires_grad_(old.weight.requires_grad)
         self.config.vocab_size = new_num_tokens
-        self.resize_output_bias(new_num_tokens)
+        self.resize_output_layer(new_num_tokens, mean_resizing)
         self.set_input_embeddings(new)
         return new
 
-    def resize_output_bias(self, new_num_tokens: int) -> None:
-        """Models with an output layer over the vocabulary resize its bias here."""
+    def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
+        """Models with an output layer over the vocabulary resize it here."""
 
     # -- conveniences a transformers user reaches for ---------------------------------------------------------
     @property
@@ -97,6 +155,10 @@ class BertPreTrainedModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
 
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """Parameters counted once even when tied (as transformers counts them)."""
@@ -111,12 +173,59 @@ class BertPreTrainedModel(nn.Module):
     def set_attn_implementation(self, name: str) -> None:
         self.backbone.attn_implementation = check_attention_implementation(name)
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Recompute each layer in the backward pass (always non-reentrant, so no warnings and DDP-safe)."""
-        self.backbone.gradient_checkpointing = True
+    # -- gradient (activation) checkpointing, with the signatures Trainer and PEFT call --------------------------
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """Recompute encoder layers in the backward pass instead of keeping their activations.
+
+        As transformers: `activation_checkpointing_kwargs` go to `torch.utils.checkpoint.checkpoint` (default
+        `{"use_reentrant": False}`: no warnings, DDP-safe, same gradients); `every_n_layers` checkpoints layers
+        0, n, 2n, ...; `offload` keeps the saved layer inputs in (pinned) host memory. The word embeddings' output
+        is made to require grad, so that gradients reach trainable layers behind frozen embeddings (PEFT) and the
+        reentrant variant works.
+        """
+        if not (isinstance(every_n_layers, int) and every_n_layers >= 1):
+            raise ValueError(f"every_n_layers must be a positive integer, got {every_n_layers!r}")
+        backbone = self.backbone
+        backbone.checkpoint_kwargs = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
+        backbone.checkpoint_every_n_layers = every_n_layers
+        backbone.checkpoint_offload = offload
+        backbone.gradient_checkpointing = True
+        self.enable_input_require_grads()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs: Any) -> None:
+        """transformers' older name for `activation_checkpointing_enable` (Trainer and PEFT still call it);
+        `kwargs` are `every_n_layers` and `offload`."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        # The input-grad hook stays, as in transformers: PEFT may have asked for it too, and it costs nothing.
+        self.backbone.gradient_checkpointing = False
 
     def gradient_checkpointing_disable(self) -> None:
-        self.backbone.gradient_checkpointing = False
+        self.activation_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return self.backbone.gradient_checkpointing
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """transformers' older name for `is_activation_checkpointing` (PEFT reads it)."""
+        return self.is_activation_checkpointing
+
+    def enable_input_require_grads(self) -> None:
+        """Make the word embeddings' output require grad (a forward hook), so that gradients flow back through a
+        model whose embeddings are frozen, as PEFT adapters and reentrant checkpointing need."""
+        if getattr(self, "_input_require_grads_hook", None) is None:
+            self._input_require_grads_hook = self.get_input_embeddings().register_forward_hook(_require_grad)
+
+    def disable_input_require_grads(self) -> None:
+        hook = getattr(self, "_input_require_grads_hook", None)
+        if hook is not None:
+            hook.remove()
+            self._input_require_grads_hook = None
 
     # -- loading and saving ------------------------------------------------------------------------------------
     @classmethod
@@ -125,40 +234,48 @@ class BertPreTrainedModel(nn.Module):
         path_or_repo_id: str | os.PathLike,
         *,
         revision: str | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         device: str | torch.device | None = None,
         attn_implementation: str | None = None,
         strict: bool = True,
         output_loading_info: bool = False,
+        ignore_mismatched_sizes: bool = False,
+        torch_dtype: torch.dtype | str | None = None,
         **kwargs: Any,
     ) -> Any:
         """Load a BERT checkpoint from a local directory or a Hub repo id, in eval mode.
 
         The model is built on the meta device and its parameters are assigned the (memory-mapped) checkpoint
-        tensors: no random initialisation and no second copy. `dtype=None` keeps the stored dtype. With
+        tensors: no random initialisation and no second copy. `dtype=None` (or "auto") keeps the stored dtype;
+        a dtype or its name ("bfloat16") casts. With
         `strict=True` (default) every parameter must come from the checkpoint with the right shape, otherwise
         `converters.CheckpointError` says which; a task head the checkpoint has no tensor of (a new classifier)
-        is initialised and reported. Keyword arguments that name config fields override config.json
-        (`num_labels=3`); others go to the constructor (`add_pooling_layer=False`).
+        is initialised and reported. `ignore_mismatched_sizes=True` (transformers' option) initialises afresh the
+        parameters whose shape differs from the checkpoint's (re-heading a classifier: `num_labels=7`) and reports
+        them as mismatched and reinitialised. Keyword arguments that name config fields override config.json
+        (`num_labels=3`); others go to the constructor (`add_pooling_layer=False`). `torch_dtype` is transformers'
+        older name for `dtype`.
         `output_loading_info=True` returns `(model, info)` with transformers' keys plus `info["report"]`.
 
             >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
             >>> model, info = BertModel.from_pretrained("./my-bert", output_loading_info=True)  # doctest: +SKIP
             >>> print(info["report"])  # doctest: +SKIP
         """
+        from converters.load_report import ignoring_mismatched_sizes
         from converters.loading import load_pretrained
 
-        return load_pretrained(
-            cls,
-            path_or_repo_id,
-            revision=revision,
-            dtype=dtype,
-            device=device,
-            attn_implementation=attn_implementation or DEFAULT_ATTENTION,
-            strict=strict,
-            output_loading_info=output_loading_info,
-            **kwargs,
-        )
+        with ignoring_mismatched_sizes(ignore_mismatched_sizes):
+            return load_pretrained(
+                cls,
+                path_or_repo_id,
+                revision=revision,
+                dtype=_as_dtype(dtype or torch_dtype),
+                device=device,
+                attn_implementation=attn_implementation or DEFAULT_ATTENTION,
+                strict=strict,
+                output_loading_info=output_loading_info,
+                **kwargs,
+            )
 
     def save_pretrained(
         self, save_directory: str | os.PathLike, safe_serialization: bool = True, max_shard_size: str | int = "5GB"
@@ -171,3 +288,39 @@ class BertPreTrainedModel(nn.Module):
         from converters.saving import save_model
 
         save_model(self, save_directory, safe_serialization=safe_serialization, max_shard_size=max_shard_size)
+
+
+def _require_grad(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+    # Only when autograd records: under no_grad / inference_mode there is nothing to flow back (and inference
+    # tensors refuse requires_grad).
+    if torch.is_grad_enabled() and output.is_floating_point():
+        output.requires_grad_(True)
+
+
+@torch.no_grad()
+def resized_rows(old: torch.Tensor, rows: int, mean_resizing: bool, std: float) -> torch.Tensor:
+    """`old` cut or grown to `rows` rows: kept rows copied; added rows the mean of the old ones (transformers'
+    `mean_resizing` samples around that mean with 1e-9 of their covariance, which is the mean to fp32 precision),
+    else normal(0, std), or zeros when std is 0 (a bias)."""
+    new = torch.empty((rows, *old.shape[1:]), device=old.device, dtype=old.dtype)
+    kept = min(rows, old.shape[0])
+    new[:kept] = old[:kept]
+    if mean_resizing:
+        new[kept:] = old.float().mean(dim=0).to(old.dtype)
+    elif std > 0:
+        new[kept:].normal_(mean=0.0, std=std)
+    else:
+        new[kept:].zero_()
+    return new
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """transformers also takes dtypes by name ("float16", "torch.bfloat16") and "auto" (the stored dtype)."""
+    if dtype == "auto":
+        return None
+    if not isinstance(dtype, str):
+        return dtype
+    value = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16', or 'auto')")
+    return value

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from hfbert.atomic_write import atomic_file
 
 SPECIAL_TOKENS = {
     "unk_token": "[UNK]",
@@ -76,20 +77,38 @@ class BertTokenizer:
         """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
         directory = _local_directory(path_or_repo_id, revision)
         has_config = (directory / "tokenizer_config.json").is_file()
-        config = _read_json(directory / "tokenizer_config.json")
+        config = read_json_object(directory / "tokenizer_config.json")
         if "added_tokens_decoder" not in config:  # transformers lets the legacy map override the config then
-            config.update(_read_json(directory / "special_tokens_map.json"))
+            config.update(read_json_object(directory / "special_tokens_map.json"))
         if (directory / "tokenizer.json").is_file():
-            tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+            try:
+                tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+            except Exception as error:  # the tokenizers library raises a bare Exception for a malformed file
+                reason = " ".join(str(error).split())
+                raise ValueError(f"{directory / 'tokenizer.json'}: not a valid tokenizer file ({reason})") from None
             # transformers (4.x and 5.x) rebuilds BERT's normalizer from tokenizer_config.json over the one
             # stored in tokenizer.json, so `do_lower_case` there wins when the two disagree.
             if has_config and _normalizer_options(tokenizer) is not None:
                 tokenizer.normalizer = _bert_normalizer(config)
         elif (directory / "vocab.txt").is_file():
-            tokenizer = _build_from_vocab(directory / "vocab.txt", config)
+            try:
+                tokenizer = _build_from_vocab(directory / "vocab.txt", config)
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{directory / 'vocab.txt'}: not valid UTF-8 ({error.reason})") from None
+            except (KeyError, TypeError, AttributeError) as error:  # a malformed added_tokens_decoder entry
+                raise ValueError(
+                    f"{directory / 'tokenizer_config.json'}: malformed added_tokens_decoder ({type(error).__name__}: "
+                    f"{error})"
+                ) from None
         else:
             raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
         return cls(tokenizer, config)
+
+    def __getattr__(self, name: str) -> str:
+        # `tokenizer.mask_token` etc. give the special tokens' texts, as on transformers' tokenizers.
+        if name in SPECIAL_TOKENS and "special_tokens" in self.__dict__:
+            return self.__dict__["special_tokens"][name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property
     def vocab_size(self) -> int:
@@ -176,6 +195,8 @@ class BertTokenizer:
 
         with self._lock:
             try:
+                if truncate and self._can_shorten():
+                    inputs = [self._shorten(item, max_length) if isinstance(item, str) else item for item in inputs]
                 if truncate:
                     self._tokenizer.enable_truncation(max_length, strategy=truncate)
                 if pad:
@@ -185,6 +206,9 @@ class BertTokenizer:
                         direction=padding_side, pad_id=self.pad_token_id, pad_token=pad_token, length=length
                     )
                 encodings = self._tokenizer.encode_batch(inputs)
+            except TypeError:
+                _check_encodable(inputs)  # the library's TypeError does not say which text, nor why
+                raise
             finally:
                 self._tokenizer.no_truncation()
                 self._tokenizer.no_padding()
@@ -199,6 +223,28 @@ class BertTokenizer:
         if return_tensors is not None:
             return BatchEncoding({key: _as_tensor(key, value, return_tensors) for key, value in output.items()})
         return BatchEncoding(output if batched else {key: value[0] for key, value in output.items()})
+
+    def _can_shorten(self) -> bool:
+        # Cutting a text at whitespace keeps every token before the cut only for pipelines that split words at
+        # whitespace and normalise character by character: BERT's own.
+        return isinstance(self._tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer) and isinstance(
+            self._tokenizer.normalizer, (normalizers.BertNormalizer, type(None))
+        )
+
+    def _shorten(self, text: str, max_length: int) -> str:
+        """A prefix of `text` that truncates to the same tokens as the whole text, found at a cost proportional to
+        `max_length`, not to the text: a 5 MB line would otherwise be tokenised whole (about 200 bytes of memory
+        per character) before truncation keeps its first 512 tokens.
+
+        The prefix ends at whitespace, where BERT always ends a word, so its tokens are exactly the first tokens
+        of the whole text; it is used once it has more than `max_length` of them. Must hold `self._lock`."""
+        budget = 8 * max_length + 256
+        while budget < len(text):
+            cut = max(text.rfind(space, 0, budget) for space in " \t\n\r")
+            if cut > 0 and len(self._tokenizer.encode(text[:cut], add_special_tokens=False)) > max_length:
+                return text[:cut]
+            budget *= 4
+        return text
 
     def _strategies(self, padding: Any, truncation: Any, max_length: int | None) -> tuple[str | None, str | None, int]:
         """transformers' `_get_padding_truncation_strategies`, for the strategies this tokenizer offers."""
@@ -309,8 +355,33 @@ def _token_text(token: str | dict[str, Any]) -> str:
     return token["content"] if isinstance(token, dict) else str(token)  # older configs store AddedToken dicts
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path` ({} when there is no such file); ValueError naming the file otherwise."""
+    if not path.is_file():
+        return {}
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    # ValueError: bad JSON or UTF-8, integers of more than 4300 digits; RecursionError: deep nesting
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path}: not valid JSON ({' '.join(str(error).split())[:200]})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
+    return values
+
+
+def _check_encodable(inputs: list[str | tuple[str, str]]) -> None:
+    """Name the first text that is not valid Unicode (a lone surrogate, e.g. from undecodable command-line bytes)."""
+    for index, item in enumerate(inputs):
+        for text in item if isinstance(item, tuple) else (item,):
+            if not isinstance(text, str):
+                raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(
+                    f"text {index} is not valid Unicode: {text[error.start]!r} at position {error.start} (a lone "
+                    f"surrogate; was it decoded from bytes that are not UTF-8?)"
+                ) from None
 
 
 def _as_tensor(key: str, rows: list[list[Any]], return_tensors: str) -> Any:
@@ -334,12 +405,5 @@ def _clean_up_tokenization(text: str) -> str:
 
 
 def _write_atomic(path: Path, content: str) -> None:
-    # A reader never sees half a file: write a temporary file next to the target, then rename it over.
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as handle:
-        try:
-            handle.write(content)
-        except BaseException:
-            handle.close()
-            os.unlink(handle.name)
-            raise
-    os.replace(handle.name, path)
+    with atomic_file(path) as temporary:  # a reader never sees half a file
+        temporary.write_text(content, encoding="utf-8")

@@ -43,6 +43,15 @@ def randomize_weights(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+HEAD_CLASSES = [
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForNextSentencePrediction",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+]
 SMALL_CONFIG = dict(
     hidden_size=96,
     num_attention_heads=3,
@@ -123,6 +132,56 @@ def max_difference(ours: torch.Tensor, reference: torch.Tensor, positions: torch
     if positions is not None:
         difference = difference[positions]
     return float(difference.max())
+
+
+ACCURACY_RATIO = 1.5  # hfbert's RMS error against float64 may be at most this many times transformers' own
+
+
+@dataclass
+class Accuracy:
+    """RMS errors against exact (float64) arithmetic of hfbert and of transformers on the same outputs; written
+    apart from hfbert.parity's verdict so that the tests do not judge hfbert with hfbert's own code. RMS, not max:
+    the max of two sets of rounding errors differs by 2x by chance on a few vectors; the RMS of a worse kernel is
+    worse every time, and a real port bug moves it by orders of magnitude."""
+
+    ours_squares: float = 0.0
+    theirs_squares: float = 0.0
+    exact_squares: float = 0.0
+    elements: int = 0
+
+    def add(self, ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor, positions=None) -> Accuracy:
+        def squares(tensor: torch.Tensor) -> float:
+            tensor = tensor.double()
+            return float((tensor if positions is None else tensor[positions]).square().sum())
+
+        exact = exact.double()
+        self.ours_squares += squares(ours.double() - exact)
+        self.theirs_squares += squares(theirs.double() - exact)
+        self.exact_squares += squares(exact)
+        self.elements += (exact if positions is None else exact[positions]).numel()
+        return self
+
+    def rms(self, squares: float) -> float:
+        return (squares / max(self.elements, 1)) ** 0.5
+
+    @property
+    def ours(self) -> float:
+        return self.rms(self.ours_squares)
+
+    @property
+    def theirs(self) -> float:
+        return self.rms(self.theirs_squares)
+
+    def allowed(self, dtype: torch.dtype = torch.float32) -> float:
+        """1.5x transformers' RMS error, never below one eps of the values' RMS (exact zeros must not divide)."""
+        return ACCURACY_RATIO * max(self.theirs, torch.finfo(dtype).eps * self.rms(self.exact_squares))
+
+    def passed(self, dtype: torch.dtype = torch.float32) -> bool:
+        return self.ours <= self.allowed(dtype)  # False for NaN
+
+    def __repr__(self) -> str:
+        ratio = self.ours / max(self.theirs, 1e-300)
+        return f"Accuracy(hfbert rms {self.ours:.3e}, transformers rms {self.theirs:.3e}, ratio {ratio:.2f})"
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")

@@ -48,7 +48,7 @@ MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
         (dict(input_ids=IDS, attention_mask=(1.0 - MASK) * -10000.0), r"attention_mask must hold 1 .* -10000"),
         (dict(input_ids=torch.zeros(0, 4, dtype=torch.long)), r"empty batch"),
         (dict(input_ids=torch.zeros(2, 0, dtype=torch.long)), r"empty batch"),
-        (dict(input_ids=IDS.float()), r"input_ids has dtype torch.float32; expected an integer dtype"),
+        (dict(input_ids=IDS.float()), r"input_ids has dtype torch.float32; expected torch.int64"),
         (dict(input_ids=IDS[0]), r"input_ids has shape \(4,\); expected \(batch, sequence\)"),
         (dict(input_ids=IDS, inputs_embeds=torch.zeros(2, 4, 96)), r"exactly one of input_ids or inputs_embeds"),
         (dict(), r"exactly one of input_ids or inputs_embeds"),
@@ -95,3 +95,119 @@ def test_masked_keys_contribute_exactly_zero(implementation):
         a = model(input_ids=first, attention_mask=mask).last_hidden_state[:, :3]
         b = model(input_ids=second, attention_mask=mask).last_hidden_state[:, :3]
     assert torch.equal(a, b)
+
+
+# -- issue 13: dtypes, Python lists, batch mismatches, labels; in every dtype the model runs ---------------------
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module", params=DTYPES, ids=["fp32", "bf16", "fp16"])
+def typed_model(request):
+    torch.manual_seed(0)
+    return hfbert.BertModel(hfbert.BertConfig(**CONFIG)).to(request.param).eval()
+
+
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        (dict(input_ids=IDS.to(torch.uint8)), r"input_ids has dtype torch.uint8; expected torch.int64"),
+        (dict(input_ids=IDS.to(torch.int16)), r"input_ids has dtype torch.int16; expected torch.int64"),
+        (
+            dict(input_ids=IDS, position_ids=torch.arange(4, dtype=torch.uint8)),
+            r"position_ids has dtype torch.uint8; expected torch.int64",
+        ),
+        (
+            dict(input_ids=IDS, position_ids=torch.arange(4, dtype=torch.int16)),
+            r"position_ids has dtype torch.int16; expected torch.int64",
+        ),
+        (
+            dict(input_ids=IDS, token_type_ids=torch.zeros(2, 4, dtype=torch.int8)),
+            r"token_type_ids has dtype torch.int8",
+        ),
+        (dict(input_ids=IDS, attention_mask=MASK.tolist()), r"attention_mask must be a torch.Tensor, got list"),
+        (dict(input_ids=IDS, token_type_ids=[[0] * 4] * 2), r"token_type_ids must be a torch.Tensor, got list"),
+        (dict(input_ids=IDS, position_ids=[0, 1, 2, 3]), r"position_ids must be a torch.Tensor, got list"),
+        (dict(input_ids=IDS.tolist()), r"input_ids must be a torch.Tensor, got list"),
+        (
+            dict(input_ids=IDS, position_ids=torch.arange(4).repeat(3, 1)),
+            r"position_ids has shape \(3, 4\); expected .* \(batch, sequence\)",
+        ),
+        (dict(input_ids=IDS, token_type_ids=torch.zeros(3, 4, dtype=torch.long)), r"token_type_ids has shape \(3, 4\)"),
+        (dict(input_ids=IDS, attention_mask=MASK[:1]), r"attention_mask has shape \(1, 4\)"),
+    ],
+)
+def test_bad_input_types_are_named_in_every_dtype(typed_model, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        typed_model(**arguments)
+
+
+def test_int32_ids_are_accepted_and_equal_int64(typed_model):
+    positions = torch.arange(4)
+    types = torch.zeros_like(IDS)
+    with torch.no_grad():
+        expected = typed_model(input_ids=IDS, attention_mask=MASK, token_type_ids=types, position_ids=positions)
+        narrow = typed_model(
+            input_ids=IDS.int(), attention_mask=MASK.int(), token_type_ids=types.int(), position_ids=positions.int()
+        )
+    assert torch.equal(expected.last_hidden_state, narrow.last_hidden_state)
+
+
+@pytest.mark.parametrize("model_dtype", DTYPES)
+@pytest.mark.parametrize("embeds_dtype", [torch.float64, *DTYPES])
+def test_inputs_embeds_dtype_is_checked_as_the_kernels_need(model_dtype, embeds_dtype, monkeypatch):
+    import hfbert.model
+    from hfbert.inputs import check_inputs
+
+    torch.manual_seed(0)
+    model = hfbert.BertModel(hfbert.BertConfig(**CONFIG)).to(model_dtype).eval()
+    embeds = torch.zeros(2, 4, 96, dtype=embeds_dtype)
+    with monkeypatch.context() as unchecked, torch.no_grad():  # what the kernels do without the check
+        unchecked.setattr(hfbert.model, "check_inputs", lambda *arguments, **keywords: None)
+        try:
+            model(inputs_embeds=embeds)
+            runs = True
+        except RuntimeError as error:  # "mixed dtype (CPU): ..."
+            assert "dtype" in str(error)
+            runs = False
+    arguments = (model.config, torch.device("cpu"), None, None, None, None, embeds)
+    if runs:
+        check_inputs(*arguments, dtype=model_dtype)
+    else:
+        with pytest.raises(ValueError, match=rf"inputs_embeds has dtype {embeds_dtype} but the model runs in"):
+            check_inputs(*arguments, dtype=model_dtype)
+
+
+HEAD_LABELS = [
+    ("BertForSequenceClassification", dict(labels=torch.tensor([0, 5])), r"labels must lie in \[0, 3\).*found 5"),
+    ("BertForSequenceClassification", dict(labels=torch.tensor([0, 1, 2])), r"labels has shape \(3,\).*2 predictions"),
+    ("BertForTokenClassification", dict(labels=torch.tensor([[0, 1, 2, 3], [0, 0, 0, 0]])), r"found 3 at position"),
+    ("BertForMaskedLM", dict(labels=torch.full((2, 4), 1000)), r"labels must lie in \[0, 1000\) or be -100"),
+    ("BertForNextSentencePrediction", dict(labels=torch.tensor([0, 2])), r"labels must lie in \[0, 2\)"),
+    ("BertForMultipleChoice", dict(labels=torch.tensor([0, 2])), r"labels must lie in \[0, 2\)"),
+    (
+        "BertForPreTraining",
+        dict(labels=torch.full((2, 4), -100), next_sentence_label=torch.tensor([0, -5])),
+        r"next_sentence_label must lie in \[0, 2\)",
+    ),
+    ("BertForSequenceClassification", dict(labels=torch.tensor([0, 1], dtype=torch.int16)), r"dtype torch.int16"),
+]
+
+
+@pytest.mark.parametrize("class_name,labels,message", HEAD_LABELS)
+def test_head_labels_out_of_range_are_named(class_name, labels, message):
+    torch.manual_seed(0)
+    model = getattr(hfbert, class_name)(hfbert.BertConfig(**CONFIG, num_labels=3))
+    ids = IDS[:, None].expand(2, 2, 4) if class_name == "BertForMultipleChoice" else IDS  # 2 choices each
+    if class_name == "BertForSequenceClassification" and labels["labels"].dtype == torch.int16:
+        model.config.problem_type = "single_label_classification"
+    with pytest.raises(ValueError, match=message):
+        model(input_ids=ids, **labels)
+
+
+def test_ignored_label_positions_are_accepted():
+    torch.manual_seed(0)
+    model = hfbert.BertForMaskedLM(hfbert.BertConfig(**CONFIG))
+    labels = torch.full((2, 4), -100)
+    labels[0, 1] = 7
+    assert torch.isfinite(model(input_ids=IDS, labels=labels).loss)

@@ -1,13 +1,19 @@
-"""The oneDNN linear kernel (`hfbert/linear.py`): when it runs, when it must not, and how accurate it is.
+"""The linear kernels (`hfbert/linear.py`): which one runs by default, when the opt-in oneDNN kernel runs and when
+it must not, and how accurate the default is against exact arithmetic.
 
-Accuracy is judged against exact arithmetic (transformers in float64): hfbert's fp32 error with the oneDNN kernel
-must stay within 2x of transformers' own fp32 error (measured 1.3x on both checkpoints). The port itself, with
-the kernel transformers uses, is proven to 1e-5 (observed 0.0) in test_parity.py under `standard_linear()`.
+The default (`F.linear`, transformers' kernel) must keep hfbert's fp32 error against float64 within 1.5x of
+transformers' own (RMS, every hidden state; conftest.Accuracy) on all-MiniLM-L6-v2, the bert-base layout and the
+same with outlier dimensions, padded and padding-free, on this CPU's instruction set and, in a subprocess with
+oneDNN, MKL and ATen capped, on AVX2. oneDNN's inner product misses that bar (1.7x on AVX-512, 2.0x on AVX2 on the
+bert-base layout: benchmarks/numerical_contract.py), so it is opt-in.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +23,21 @@ from torch.profiler import ProfilerActivity, profile
 
 import hfbert
 import hfbert.linear
-from hfbert.linear import Linear, inference_kernel, standard_linear
+from hfbert.linear import Linear, inference_kernel, onednn_available, onednn_linear, standard_linear
 
-from conftest import make_batches, max_difference, minilm_directory
+from checkpoints import write_bert_base_layout
+from conftest import Accuracy, make_batches, minilm_directory
 
-onednn = pytest.mark.skipif(
-    inference_kernel("cpu", torch.float32) != "oneDNN", reason="this torch build has no oneDNN linear kernel"
-)
+onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build or CPU has no oneDNN linear kernel")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def onednn_kernel():
+    with onednn_linear():
+        yield
+
+
 ONEDNN_OP = "mkldnn::_linear_pointwise"
 
 
@@ -33,21 +47,32 @@ def operators(function) -> list[str]:
     return [event.name for event in profiler.events()]
 
 
+def test_the_default_is_transformers_kernel_and_onednn_is_opt_in():
+    assert inference_kernel("cpu", torch.float32) == "F.linear"
+    with pytest.raises(ValueError, match="linear kernel must be one of standard, onednn, not 'fast'"):
+        hfbert.linear.set_linear_kernel("fast")
+
+
 @onednn
-def test_inference_runs_onednn_and_standard_linear_switches_it_off(bert_base_safetensors_dir):
+def test_onednn_runs_only_when_asked_for(bert_base_safetensors_dir):
     model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)  # 768 x 768 and up: oneDNN at any length
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]]))
     inputs["attention_mask"] = (inputs["input_ids"] != 0).long()
     linear_layers = 6 * model.config.num_hidden_layers + 1  # q, k, v, attention output, intermediate, output; pooler
     with torch.no_grad():
-        assert operators(lambda: model(**inputs)).count(ONEDNN_OP) == linear_layers
-        with standard_linear():
-            standard = operators(lambda: model(**inputs))
-        assert ONEDNN_OP not in standard and standard.count("aten::linear") == linear_layers
-        assert operators(lambda: model(**inputs)).count(ONEDNN_OP) == linear_layers  # switched back on
+        default = operators(lambda: model(**inputs))
+        assert ONEDNN_OP not in default and default.count("aten::linear") == linear_layers
+        with onednn_linear():
+            assert inference_kernel("cpu", torch.float32) == "oneDNN"
+            assert operators(lambda: model(**inputs)).count(ONEDNN_OP) == linear_layers
+            with standard_linear():
+                assert ONEDNN_OP not in operators(lambda: model(**inputs))
+            assert operators(lambda: model(**inputs)).count(ONEDNN_OP) == linear_layers  # switched back on
+        assert ONEDNN_OP not in operators(lambda: model(**inputs))  # and back to the default
 
 
 @onednn
+@pytest.mark.usefixtures("onednn_kernel")
 @pytest.mark.parametrize(
     "trained", [("weight", "bias"), ("bias",), ()], ids=["all parameters", "bias only (BitFit)", "input only"]
 )
@@ -77,6 +102,7 @@ def test_every_gradient_takes_the_standard_kernel(trained):
 
 
 @onednn
+@pytest.mark.usefixtures("onednn_kernel")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_dtypes_without_the_kernel_take_f_linear(dtype):
     layer = Linear(768, 768).to(dtype)
@@ -87,6 +113,7 @@ def test_dtypes_without_the_kernel_take_f_linear(dtype):
 
 
 @onednn
+@pytest.mark.usefixtures("onednn_kernel")
 def test_autocast_takes_f_linear_and_its_cast():
     """torch.autocast("cpu", bfloat16) casts F.linear's inputs; the oneDNN op would silently stay in fp32."""
     layer = Linear(768, 768)
@@ -100,6 +127,7 @@ def test_autocast_takes_f_linear_and_its_cast():
 
 
 @onednn
+@pytest.mark.usefixtures("onednn_kernel")
 def test_tracing_records_the_standard_op():
     """A traced graph must not hold a private oneDNN op: exported models run elsewhere."""
     layer = Linear(768, 768).eval()
@@ -110,6 +138,7 @@ def test_tracing_records_the_standard_op():
 
 
 @onednn
+@pytest.mark.usefixtures("onednn_kernel")
 @pytest.mark.parametrize(
     "features,rows,expected",
     [
@@ -141,26 +170,31 @@ def reference_models(directory: Path, class_name: str = "BertModel") -> tuple:
     import transformers
 
     model_class = getattr(transformers, class_name)
-    exact = model_class.from_pretrained(directory, dtype=torch.float64, attn_implementation="sdpa")
+    exact = model_class.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").double()
     fp32 = model_class.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa")
     return exact.eval(), fp32.eval()
 
 
-def assert_as_accurate(ours_error: float, theirs_error: float) -> None:
-    assert 0.0 < theirs_error < 1e-4  # fp32 rounding, nothing more
-    assert ours_error <= 2 * theirs_error, (ours_error, theirs_error)
+@pytest.fixture(scope="module")
+def outlier_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("bert-base-outliers")
+    write_bert_base_layout(directory, outliers=True)
+    return directory
 
 
-@onednn
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
-@pytest.mark.parametrize("checkpoint", ["all-MiniLM-L6-v2", "bert-base layout"])
-def test_onednn_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, bert_base_safetensors_dir):
-    directory = minilm_directory() if checkpoint == "all-MiniLM-L6-v2" else bert_base_safetensors_dir
+@pytest.mark.parametrize("checkpoint", ["all-MiniLM-L6-v2", "bert-base layout", "outlier dimensions"])
+def test_default_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, bert_base_safetensors_dir, outlier_dir):
+    directory = {
+        "all-MiniLM-L6-v2": minilm_directory(),
+        "bert-base layout": bert_base_safetensors_dir,
+        "outlier dimensions": outlier_dir,
+    }[checkpoint]
     exact, theirs = reference_models(directory)
     ours = hfbert.BertModel.from_pretrained(directory)
     ours.padding_free = padding_free
     config = ours.config
-    ours_error = theirs_error = 0.0
+    accuracy: dict[int, Accuracy] = {}
     for batch in make_batches(config.vocab_size, config.type_vocab_size, config.hidden_size):
         kwargs = batch.kwargs
         exact_kwargs = {key: value.double() if key == "inputs_embeds" else value for key, value in kwargs.items()}
@@ -168,23 +202,37 @@ def test_onednn_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, be
             truth = exact(**exact_kwargs, output_hidden_states=True).hidden_states
             ours_states = ours(**kwargs, output_hidden_states=True).hidden_states
             theirs_states = theirs(**kwargs, output_hidden_states=True).hidden_states
-        for exact_state, ours_state, theirs_state in zip(truth, ours_states, theirs_states, strict=True):
-            ours_error = max(ours_error, max_difference(ours_state, exact_state, batch.real))
-            theirs_error = max(theirs_error, max_difference(theirs_state, exact_state, batch.real))
-    assert_as_accurate(ours_error, theirs_error)
+        for index, states in enumerate(zip(ours_states, theirs_states, truth, strict=True)):
+            accuracy.setdefault(index, Accuracy()).add(*states, batch.real)
+    assert all(0 < record.theirs < 1e-4 for record in accuracy.values())  # fp32 rounding, nothing more
+    failures = {index: record for index, record in accuracy.items() if not record.passed()}
+    assert not failures, failures
 
 
-@onednn
-def test_onednn_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safetensors_dir):
-    """The decoder (hidden -> 30,522 logits, tied to the word embeddings) runs on oneDNN too."""
+def test_default_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safetensors_dir):
+    """The decoder (hidden -> 30,522 logits, tied to the word embeddings) too."""
     exact, theirs = reference_models(bert_base_safetensors_dir, "BertForMaskedLM")
     ours = hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir).eval()
     # The first test batch is right-padded: the padding-free path.
     batch = make_batches(ours.config.vocab_size, ours.config.type_vocab_size, ours.config.hidden_size)[0]
-    kwargs = batch.kwargs
     with torch.no_grad():
-        truth = exact(**kwargs).logits
-        assert_as_accurate(
-            max_difference(ours(**kwargs).logits, truth, batch.real),
-            max_difference(theirs(**kwargs).logits, truth, batch.real),
-        )
+        logits = [model(**batch.kwargs).logits for model in (ours, theirs, exact)]
+    record = Accuracy().add(*logits, batch.real)
+    assert record.theirs > 0 and record.passed(), record
+
+
+def test_default_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
+    """The same bar on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a subprocess
+    (benchmarks/numerical_contract.py, judged with hfbert.parity's verdict; its tests prove that verdict fails
+    real port bugs)."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "numerical_contract.py"), "--isa", "AVX2"]
+    command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard", "--dtypes", "float32"]
+    command += ["--texts", "8", "--json", str(tmp_path / "contract.json")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "contract.json").read_text())[0]
+    assert report["isa"] == "AVX2 (capped)" and "ONEDNN_MAX_CPU_ISA=AVX2" in report["instruction_set"]
+    assert len(report["rows"]) == 3 * 2 * 2  # checkpoints x attention x padding
+    for row in report["rows"]:
+        assert row["ran"] == "F.linear" and 0 < row["transformers_rms"] < 1e-5, row
+        assert row["passed"] and row["worst_ratio"] <= 1.5, row

@@ -424,3 +424,63 @@ def test_repo_id_resolves_through_the_hub(tmp_path):
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(expected)
+
+
+# -- issue 13: a long text is cut before it is tokenised, with the same result -----------------------------------
+
+FRAGMENTS = ["word", "Über", "naïve", "中文", "日本", "!", "...", "(x)", "e\u0301", "[MASK]", "[SEP]", "x" * 120]
+FRAGMENTS += ["un-aff-able", "3.14", "emoji👍🏽", "null\x00", "bell\x07", "zero\u200bwidth", "soft\u00adhyphen"]
+# Long runs that yield no token (spaces, control characters the normaliser drops) make a fixed-size cut wrong.
+SEPARATORS = [" ", "  ", "\t", "\n", "\r\n", "\r", "\u3000", "\u00a0", "\x1c", "", " " * 700, "\x07" * 700]
+
+
+def test_a_five_megabyte_line_is_cut_before_tokenisation(pair):
+    ours, reference = pair
+    text = ("Tokenizers should not read all of this. " * 130_000)[:5_000_000]
+    with ours._lock:
+        prefix = ours._shorten(text, 256)
+    assert 0 < len(prefix) < 10_000 and text.startswith(prefix)  # the whole 5 MB line cost 1 GB before
+    medium = text[:200_000]  # small enough for the reference to tokenise whole
+    arguments = dict(truncation=True, max_length=256, **WITH_OFFSETS)
+    assert_same(ours(medium, **arguments), reference(medium, **arguments))
+
+
+def test_a_text_without_whitespace_is_tokenised_whole_and_still_right(pair):
+    ours, reference = pair
+    text = "!?" * 3000 + "中" * 3000  # no place to cut: falls back to the whole text
+    arguments = dict(truncation=True, max_length=64, **WITH_OFFSETS)
+    assert_same(ours(text, **arguments), reference(text, **arguments))
+
+
+def test_cut_texts_tokenise_as_the_reference(pair):
+    hypothesis = pytest.importorskip("hypothesis", reason="needs hypothesis (pip install hypothesis)")
+    strategies = hypothesis.strategies
+    ours, reference = pair
+
+    @hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+    @hypothesis.given(
+        pieces=strategies.lists(
+            strategies.tuples(strategies.sampled_from(FRAGMENTS), strategies.sampled_from(SEPARATORS)),
+            min_size=1,
+            max_size=400,
+        ),
+        max_length=strategies.integers(min_value=3, max_value=40),
+    )
+    def check(pieces, max_length):
+        text = "".join(fragment + separator for fragment, separator in pieces)
+        arguments = dict(truncation=True, max_length=max_length, **WITH_OFFSETS)
+        assert_same(ours(text, **arguments), reference(text, **arguments))
+
+    check()
+
+
+def test_texts_that_are_not_unicode_strings_are_named(pair):
+    ours, reference = pair
+    with pytest.raises(TypeError):  # the reference fails too, without saying which text or why
+        reference(["fine", "bad \udcff"])
+    with pytest.raises(ValueError, match=r"text 1 is not valid Unicode: '\\udcff' at position 4"):
+        ours(["fine", "bad \udcff"])
+    with pytest.raises(ValueError, match=r"text 0 is not valid Unicode"):
+        ours("\udcff " + "long " * 1000, truncation=True, max_length=8)  # also on the cut-before-tokenising path
+    with pytest.raises(TypeError, match=r"text 1 is a int, not a str"):
+        ours(["fine", 3])
