@@ -238,9 +238,10 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="hfbert-contract-") as work:
         results = [run_isa(isa, arguments, work) for isa in arguments.isa]
+    instruction_sets = "; ".join(f"{result['isa']} = {result['instruction_set']}" for result in results)
     print(
-        f"CPU: {results[0]['cpu']}; torch {results[0]['torch']}, transformers {results[0]['transformers']}; "
-        f"{results[0]['texts']} parity sentences, {results[0]['tokens']} real tokens\n"
+        f"CPU: {results[0]['cpu']} ({instruction_sets}); torch {results[0]['torch']}, transformers "
+        f"{results[0]['transformers']}; {results[0]['texts']} parity sentences, {results[0]['tokens']} real tokens\n"
     )
     print(markdown(results))
     if arguments.json:

@@ -50,7 +50,6 @@ def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
 
 def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[str, Tensor], dict]:
     """Read, validate against config.json and rename every tensor to transformers' canonical name."""
-    from hfbert.config import BertConfig
     from hfbert.model import BertModel
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)

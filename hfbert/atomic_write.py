@@ -115,6 +115,14 @@ def atomic_file(destination: str | os.PathLike) -> Iterator[Path]:
 
 
 def _umask() -> int:
+    """The process umask. Linux says it in /proc without changing it; elsewhere it is set and restored, which
+    another thread creating a file at that instant would feel."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

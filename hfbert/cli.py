@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from hfbert.atomic_write import exit_on_sigterm
@@ -67,6 +68,9 @@ def parity_command(arguments: argparse.Namespace) -> int:
 
     if arguments.plot:
         import_pyplot()  # fail before the run, not after it
+    for option, path in (("--json", arguments.json), ("--plot", arguments.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ValueError(f"{option} {path}: the folder {Path(path).resolve().parent} does not exist")
     report = run_parity(
         arguments.model,
         device=arguments.device,
@@ -295,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hfbert {arguments.command}: {' '.join(str(error).split())}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print(f"hfbert {arguments.command}: interrupted; nothing was written", file=sys.stderr)
+            print(f"hfbert {arguments.command}: interrupted", file=sys.stderr)
             return 130
         except Exception as error:  # noqa: BLE001 - the promise: one line on stderr for any input, never a traceback
             if os.environ.get("HFBERT_TRACEBACK"):

@@ -27,6 +27,23 @@ class ConfigError(ValueError):
     """A config.json (or keyword) value that hfbert cannot build a BERT encoder from."""
 
 
+# Keywords of transformers' `PretrainedConfig.from_pretrained` that configure the download, not the model.
+LOADER_OPTIONS = frozenset(
+    {
+        "cache_dir",
+        "force_download",
+        "local_files_only",
+        "proxies",
+        "resume_download",
+        "return_unused_kwargs",
+        "subfolder",
+        "token",
+        "trust_remote_code",
+        "use_auth_token",
+    }
+)
+
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522
@@ -218,6 +235,13 @@ class BertConfig:
         """
         from converters.hub import CONFIG_FILE, resolve_checkpoint
 
+        # transformers' loader options are not config fields: never let one (a token!) reach config.json.
+        loader_options = sorted(LOADER_OPTIONS & overrides.keys())
+        if loader_options:
+            raise TypeError(
+                f"BertConfig.from_pretrained: {', '.join(loader_options)} not supported (hfbert resolves repo ids "
+                "through huggingface_hub's cache and environment; pass revision= for a commit)"
+            )
         directory = resolve_checkpoint(path_or_repo_id, revision, include_weights=False)
         config = cls.from_json_file(directory / CONFIG_FILE)
         if not overrides:

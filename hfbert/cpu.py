@@ -3,7 +3,7 @@
 torch's vectorised ops, MKL (sgemm, behind `F.linear`) and oneDNN each pick the widest instruction set the CPU
 has, and each can be capped by its own environment variable (read when the library first runs):
 `ATEN_CPU_CAPABILITY`, `MKL_ENABLE_INSTRUCTIONS` and `ONEDNN_MAX_CPU_ISA`. Capping them in a subprocess is how
-one machine tests the kernels an older CPU would run (tests/test_numerical_contract.py).
+one machine tests the kernels an older CPU would run (benchmarks/numerical_contract.py, tests/test_linear.py).
 
     >>> from hfbert.cpu import instruction_set
     >>> instruction_set()  # doctest: +SKIP

