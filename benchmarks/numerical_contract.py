@@ -37,7 +37,7 @@ import transformers
 import hfbert
 import hfbert.linear
 from hfbert.cpu import CAPS, cpu_name, instruction_set
-from hfbert.parity import DTYPES, Accuracy, default_texts
+from hfbert.parity import DTYPES, Accuracy, default_texts, load_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint builders, over the committed bert-base-uncased layout
@@ -75,8 +75,7 @@ def checkpoint_directory(name: str, root: Path) -> Path:
 
 def reference_model(directory: Path, attn: str, dtype: torch.dtype) -> torch.nn.Module:
     """transformers' BertModel in `dtype`; float64 is the exact reference (the checkpoint's values cast up)."""
-    model = transformers.BertModel.from_pretrained(directory, attn_implementation=attn, dtype=torch.float32)
-    return model.to(dtype).eval()
+    return load_reference(transformers, "BertModel", directory, attn, "cpu", dtype)
 
 
 def run(model: torch.nn.Module, batches: list[dict]) -> list[list[torch.Tensor]]:

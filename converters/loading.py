@@ -86,13 +86,12 @@ def load_pretrained(
     # milliseconds, not after minutes of random initialisation.
     if strict and report.problems:
         raise CheckpointError(_strict_failure_message(directory, report, checkpoint))
-    initialised = new_head + report.missing + [name for name, _, _ in report.mismatched]  # the last two: strict=False
-    check_initialised_size({name: expected_shapes[name] for name in initialised}, checkpoint, directory)
-    for name in new_head:
+    # Missing and mismatched tensors get here only with strict=False or ignore_mismatched_sizes=True.
+    reinitialised = report.missing + [name for name, _, _ in report.mismatched]
+    check_initialised_size({name: expected_shapes[name] for name in new_head + reinitialised}, checkpoint, directory)
+    for name in new_head + reinitialised:
         state[name] = initial_value(name, expected_shapes[name], config)
-    for name in report.missing + [name for name, _, _ in report.mismatched]:  # only reached with strict=False
-        state[name] = initial_value(name, expected_shapes[name], config)
-        report.initialized.append(name)
+    report.initialized.extend(reinitialised)
 
     dtype = dtype or _stored_dtype(state, checkpoint)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
