@@ -1,7 +1,7 @@
 """hfbert's numerical contract, measured: the table in the README comes from this command.
 
     python benchmarks/numerical_contract.py [--checkpoints minilm,bert-base,outlier,bert-large] [--texts N]
-        [--isa native,AVX2] [--kernels standard,onednn] [--dtypes float32,bfloat16] [--sensitivity]
+        [--isa native,AVX2] [--kernels standard,packed,onednn] [--dtypes float32,bfloat16] [--sensitivity]
         [--json OUT.json]
 
 Each table line gives, for one instruction set, checkpoint, dtype and kernel, the worst ratio (hfbert's RMS error
@@ -9,7 +9,8 @@ against float64 over transformers', over every output) on each of the four paths
 
 For each checkpoint (real all-MiniLM-L6-v2; bert-base-uncased's exact layout with random weights; the same with
 outlier hidden dimensions; bert-large's shape) and each path hfbert can take (eager / sdpa attention, padded /
-padding-free, the standard `F.linear` kernel / the opt-in oneDNN one, fp32 and bf16 where the CPU computes bf16
+padding-free, the standard `F.linear` kernel / weights packed by `hfbert.optimize_for_inference` / the opt-in
+unpacked oneDNN kernel, fp32 and bf16 where the CPU computes bf16
 natively), hfbert and transformers (same attention, same dtype) run the same real sentences, and both are
 compared with transformers in float64, the exact reference. An output (every hidden state and the pooler) passes
 when hfbert's RMS error against float64 is at most 1.5x transformers' own (`hfbert.parity.Accuracy`, the rule of
@@ -35,6 +36,7 @@ import torch
 import transformers
 
 import hfbert
+import hfbert.inference
 import hfbert.linear
 from hfbert.cpu import CAPS, cpu_name, instruction_set
 from hfbert.parity import DTYPES, Accuracy, default_texts, load_reference
@@ -127,9 +129,15 @@ def measure(arguments: argparse.Namespace) -> dict:
                 for padding_free in (False, True):
                     ours_model.padding_free = padding_free
                     for kernel in arguments.kernels:
-                        with hfbert.linear.linear_kernel(kernel):
-                            ran = hfbert.linear.inference_kernel("cpu", dtype)
+                        if kernel == "packed":  # hfbert.optimize_for_inference: weights packed once
+                            hfbert.optimize_for_inference(ours_model)
+                            ran = "oneDNN, packed" if hfbert.inference.packed_layers(ours_model) else "F.linear"
                             ours = run(ours_model, batches)
+                            hfbert.restore_weights(ours_model)
+                        else:
+                            with hfbert.linear.linear_kernel(kernel):
+                                ran = hfbert.linear.inference_kernel("cpu", dtype)
+                                ours = run(ours_model, batches)
                         row = {
                             "checkpoint": CHECKPOINT_NAMES[checkpoint],
                             "dtype": str(dtype).removeprefix("torch."),
@@ -180,6 +188,11 @@ def run_isa(isa: str, arguments: argparse.Namespace, work: str) -> dict:
     return {"isa": isa, **json.loads(result.stdout)}
 
 
+KERNEL_NAMES = {
+    "standard": "F.linear (default)",
+    "onednn": "oneDNN, unpacked (opt-in)",
+    "packed": "oneDNN, packed (optimize_for_inference)",
+}
 PATHS = [("eager", "padded"), ("eager", "padding-free"), ("sdpa", "padded"), ("sdpa", "padding-free")]
 
 
@@ -196,7 +209,7 @@ def markdown(results: list[dict]) -> str:
             key = (row["checkpoint"], row["dtype"], row["kernel"])
             groups.setdefault(key, {})[(row["attn"], row["padding"])] = row
         for (checkpoint, dtype, kernel), rows in groups.items():
-            kernel_name = kernel + (" (default)" if kernel == "standard" else " (opt-in)")
+            kernel_name = KERNEL_NAMES.get(kernel, kernel)
             ratios = " | ".join(f"{rows[path]['worst_ratio']:.2f}" if path in rows else "" for path in PATHS)
             passed = all(row["passed"] for row in rows.values())
             theirs = max(row["transformers_rms"] for row in rows.values())
@@ -222,7 +235,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=names, default=list(CHECKPOINTS))
     parser.add_argument("--texts", type=int, default=24, help="how many of the parity sentences (default: 24)")
     parser.add_argument("--isa", type=names, default=["native", "AVX2"], help="native, AVX2, AVX512 (capped)")
-    parser.add_argument("--kernels", type=names, default=["standard", "onednn"])
+    parser.add_argument("--kernels", type=names, default=["standard", "packed", "onednn"])
     parser.add_argument("--dtypes", type=names, default=["float32", "bfloat16"])
     parser.add_argument("--sensitivity", action="store_true", help="also measure the verdict's detection limit")
     parser.add_argument("--json", type=Path, help="write every number here")

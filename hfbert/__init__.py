@@ -14,6 +14,7 @@ from hfbert.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from hfbert.inference import optimize_for_inference, restore_weights
 from hfbert.model import BertModel
 from hfbert.outputs import BertModelOutput
 from hfbert.pretrained import BertPreTrainedModel
@@ -33,6 +34,8 @@ __all__ = [
     "BertPreTrainedModel",
     "BertTokenizer",
     "ConfigError",
+    "optimize_for_inference",
+    "restore_weights",
 ]
 __version__ = "0.1.0"
 

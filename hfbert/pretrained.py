@@ -15,6 +15,7 @@ from torch import nn
 
 from hfbert.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.config import BertConfig
+from hfbert.cpu import warn_if_emulated_bfloat16
 
 
 class BertPreTrainedModel(nn.Module):
@@ -265,7 +266,7 @@ class BertPreTrainedModel(nn.Module):
         from converters.loading import load_pretrained
 
         with ignoring_mismatched_sizes(ignore_mismatched_sizes):
-            return load_pretrained(
+            loaded = load_pretrained(
                 cls,
                 path_or_repo_id,
                 revision=revision,
@@ -276,6 +277,14 @@ class BertPreTrainedModel(nn.Module):
                 output_loading_info=output_loading_info,
                 **kwargs,
             )
+        warn_if_emulated_bfloat16(loaded[0] if output_loading_info else loaded, stacklevel=2)
+        return loaded
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .bfloat16(), .half(), .cpu() all come through here: a cast to bf16 on a CPU that emulates it warns.
+        result = super()._apply(fn, recurse)
+        warn_if_emulated_bfloat16(self, stacklevel=3)  # past torch's .to() to the caller's line
+        return result
 
     def save_pretrained(
         self, save_directory: str | os.PathLike, safe_serialization: bool = True, max_shard_size: str | int = "5GB"

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import hfbert
+import hfbert.inference
 import hfbert.linear
 from hfbert.cpu import cpu_flags
 from hfbert.linear import Linear, inference_kernel, onednn_available, onednn_linear, standard_linear
@@ -183,9 +184,11 @@ def outlier_dir(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.mark.parametrize("form", ["default", "packed"])
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
 @pytest.mark.parametrize("checkpoint", ["all-MiniLM-L6-v2", "bert-base layout", "outlier dimensions"])
-def test_default_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, bert_base_safetensors_dir, outlier_dir):
+def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, bert_base_safetensors_dir, outlier_dir):
+    """The default kernel, and weights packed by `hfbert.optimize_for_inference` (where this CPU can pack)."""
     directory = {
         "all-MiniLM-L6-v2": minilm_directory(),
         "bert-base layout": bert_base_safetensors_dir,
@@ -194,6 +197,9 @@ def test_default_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, b
     exact, theirs = reference_models(directory)
     ours = hfbert.BertModel.from_pretrained(directory)
     ours.padding_free = padding_free
+    if form == "packed":
+        hfbert.optimize_for_inference(ours)
+        assert bool(hfbert.inference.packed_layers(ours)) == onednn_available()
     config = ours.config
     accuracy: dict[int, Accuracy] = {}
     for batch in make_batches(config.vocab_size, config.type_vocab_size, config.hidden_size):
@@ -223,18 +229,19 @@ def test_default_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safe
 
 
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap to AVX2")
-def test_default_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
-    """The same bar on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a subprocess
-    (benchmarks/numerical_contract.py, judged with hfbert.parity's verdict; its tests prove that verdict fails
-    real port bugs)."""
+def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
+    """The same bar, default and packed, on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a
+    subprocess (benchmarks/numerical_contract.py, judged with hfbert.parity's verdict; its tests prove that verdict
+    fails real port bugs)."""
     command = [sys.executable, str(ROOT / "benchmarks" / "numerical_contract.py"), "--isa", "AVX2"]
-    command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard", "--dtypes", "float32"]
+    command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard,packed", "--dtypes", "float32"]
     command += ["--texts", "8", "--json", str(tmp_path / "contract.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "contract.json").read_text())[0]
     assert report["isa"] == "AVX2 (capped)" and "ONEDNN_MAX_CPU_ISA=AVX2" in report["instruction_set"]
-    assert len(report["rows"]) == 3 * 2 * 2  # checkpoints x attention x padding
+    assert len(report["rows"]) == 3 * 2 * 2 * 2  # checkpoints x attention x padding x (default, packed)
+    expected = {"standard": "F.linear", "packed": "oneDNN, packed" if onednn_available() else "F.linear"}
     for row in report["rows"]:
-        assert row["ran"] == "F.linear" and 0 < row["transformers_rms"] < 1e-4, row  # fp32 rounding, nothing more
+        assert row["ran"] == expected[row["kernel"]] and 0 < row["transformers_rms"] < 1e-4, row
         assert row["passed"] and row["worst_ratio"] <= 1.5, row

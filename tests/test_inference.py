@@ -1,0 +1,182 @@
+"""`hfbert.optimize_for_inference`: weights packed once for oneDNN, one copy in memory, and everything that reads
+or changes the weights (state_dict, save_pretrained, load_state_dict, train, .to, pickling, gradients) still sees
+the original values bit for bit. Accuracy of the packed path against float64 is in test_linear.py (default and
+packed share one test, on this CPU's instruction set and capped to AVX2); its speed is benchmarks/peers.py's.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hfbert
+import hfbert.cpu
+from hfbert.inference import packed_layers
+from hfbert.linear import PackedWeightError, onednn_available
+
+packs = pytest.mark.skipif(not onednn_available(), reason="this torch build or CPU has no oneDNN to pack for")
+
+
+def file_tensors(directory) -> dict[str, torch.Tensor]:
+    """The checkpoint's own tensors, read with safetensors, named as hfbert names them (no "bert." prefix, the
+    original checkpoint's LayerNorm.gamma / beta as weight / bias)."""
+    tensors = load_file(directory / "model.safetensors")
+    renamed = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("bert.").replace("LayerNorm.gamma", "LayerNorm.weight")
+        renamed[name.replace("LayerNorm.beta", "LayerNorm.bias")] = tensor
+    return renamed
+
+
+@pytest.fixture
+def packed_model(bert_base_safetensors_dir) -> hfbert.BertModel:
+    return hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+
+
+@packs
+def test_every_encoder_and_pooler_linear_is_packed_and_holds_one_copy(packed_model):
+    layers = packed_layers(packed_model)
+    assert len(layers) == 12 * 6 + 1 and set(layers.values()) == {"packed"}
+    for name in layers:
+        layer = packed_model.get_submodule(name)
+        assert "weight" not in layer._parameters  # the packed blocks are the only copy
+        assert all(block.is_mkldnn for block in layer.packed_weight)
+    assert not packed_model.training
+
+
+@packs
+def test_reading_a_packed_weight_fails_loudly(packed_model):
+    with pytest.raises(PackedWeightError, match=r"packed for inference.*unpack\(\)"):
+        packed_model.encoder.layer[0].intermediate.dense.weight  # noqa: B018
+
+
+@packs
+def test_state_dict_and_save_pretrained_give_the_checkpoint(packed_model, bert_base_safetensors_dir, tmp_path):
+    stored = file_tensors(bert_base_safetensors_dir)
+    state = packed_model.state_dict()
+    assert list(state) == list(hfbert.BertModel(packed_model.config).state_dict())  # same keys, same order
+    for name, tensor in state.items():
+        assert torch.equal(tensor, stored[name]), name
+    packed_model.save_pretrained(tmp_path)
+    saved = file_tensors(tmp_path)
+    assert set(saved) == set(state) - {"embeddings.position_ids"}
+    assert all(torch.equal(saved[name], stored[name]) for name in saved)
+
+
+@packs
+def test_train_and_restore_weights_bring_back_the_plain_parameters(packed_model, bert_base_safetensors_dir):
+    import transformers
+
+    stored = file_tensors(bert_base_safetensors_dir)
+    packed_model.train()
+    assert not packed_layers(packed_model)
+    parameters = dict(packed_model.named_parameters())
+    assert all(torch.equal(parameter, stored[name]) for name, parameter in parameters.items())
+    assert all(parameter.requires_grad for parameter in parameters.values())
+    reference = transformers.BertModel.from_pretrained(bert_base_safetensors_dir)
+    assert packed_model.num_parameters() == reference.num_parameters()
+    hfbert.optimize_for_inference(packed_model)
+    hfbert.restore_weights(packed_model)
+    assert all(torch.equal(p, stored[name]) for name, p in packed_model.named_parameters())
+
+
+@packs
+def test_load_state_dict_repacks_the_new_values(bert_base_safetensors_dir, tmp_path):
+    from checkpoints import write_bert_base_layout
+
+    other = write_bert_base_layout(tmp_path, seed=1)
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+    model.load_state_dict(file_tensors(tmp_path), strict=False)
+    assert len(packed_layers(model)) == 73
+    layer = "encoder.layer.3.output.dense.weight"
+    assert torch.equal(model.state_dict()[layer], other["bert." + layer])
+
+
+@packs
+def test_copies_pickles_and_moves(packed_model):
+    inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102] * 4]))
+    with torch.no_grad():
+        expected = packed_model(**inputs).last_hidden_state
+        copied = copy.deepcopy(packed_model)
+        buffer = io.BytesIO()
+        torch.save(packed_model, buffer)
+        buffer.seek(0)
+        unpickled = torch.load(buffer, weights_only=False)
+        for model in (copied, unpickled):
+            assert len(packed_layers(model)) == 73
+            assert torch.equal(model(**inputs).last_hidden_state, expected)
+        packed_model.to("cpu")  # a move that changes nothing keeps the packing
+        assert len(packed_layers(packed_model)) == 73
+        packed_model.double()  # float64 cannot be packed: plain weights, exact arithmetic
+        assert not packed_layers(packed_model)
+        assert packed_model(**inputs).last_hidden_state.dtype == torch.float64
+
+
+@packs
+def test_gradients_through_a_packed_model_match_transformers(packed_model, bert_base_safetensors_dir):
+    """Eval mode with autograd on (saliency, attacks): the packed layers take the plain weight and let the
+    gradient through to the inputs."""
+    import transformers
+
+    reference = transformers.BertModel.from_pretrained(bert_base_safetensors_dir).eval()
+    ids = torch.tensor([[101, 7592, 2088, 2003, 2307, 102]])
+    gradients = []
+    for model in (packed_model, reference):
+        embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+        model(inputs_embeds=embeddings).last_hidden_state.square().sum().backward()
+        gradients.append(embeddings.grad)
+    ours, theirs = gradients
+    assert (ours - theirs).abs().max() <= 1e-5 * theirs.abs().max()
+
+
+def test_unknown_quantization_is_refused():
+    with pytest.raises(ValueError, match="quantize must be None or one of int8, not 'int4'"):
+        hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int4")
+
+
+@packs
+def test_the_tied_decoder_and_small_heads_stay_plain(bert_base_safetensors_dir):
+    model = hfbert.optimize_for_inference(hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir))
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert "cls.predictions.transform.dense" in packed_layers(model)
+    classifier = hfbert.optimize_for_inference(hfbert.BertForSequenceClassification(model.config))
+    assert "classifier" not in packed_layers(classifier) and "bert.pooler.dense" in packed_layers(classifier)
+
+
+@pytest.mark.skipif("avx2" not in hfbert.cpu.cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap")
+def test_bfloat16_warns_once_where_the_cpu_emulates_it():
+    script = (
+        "import warnings, torch, hfbert\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    for _ in range(2):\n"
+        "        hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)).to(torch.bfloat16)\n"
+        "print(sum('emulated in software' in str(w.message) for w in caught))\n"
+    )
+    capped = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**_environment(), **capped}, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "1"
+
+
+def test_bfloat16_does_not_warn_where_the_cpu_computes_it():
+    if not hfbert.cpu.bfloat16_native():
+        pytest.skip("this CPU emulates bf16: the warning is right here")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)).to(torch.bfloat16)
+
+
+def _environment() -> dict[str, str]:
+    import os
+
+    return {key: value for key, value in os.environ.items() if key not in hfbert.cpu.CAPS}
