@@ -27,6 +27,7 @@ layers (LoRA, quantizers) see no difference.
 from __future__ import annotations
 
 import platform
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -170,6 +171,34 @@ _reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None) if _inner_p
 _inner_product_add = _inner_product.binary if _inner_product is not None else None
 
 
+_MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
+
+
+def release_resident_pages(tensor: Tensor) -> None:
+    """Ask Linux to drop `tensor`'s memory pages now (madvise MADV_PAGEOUT), before its last reference goes.
+
+    hfbert loads safetensors zero-copy: the weights are pages of the memory-mapped file, and the mapping lives
+    while any tensor of the file does (the embeddings). After packing, those pages would stay resident beside the
+    packed copy: two copies in RSS. Paging out loses nothing (clean file pages are re-read if touched, changed ones
+    stay or go to swap). A no-op off Linux, on older kernels or on any error: memory, never correctness."""
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or tensor.numel() == 0:
+        return
+    try:
+        import ctypes
+        import mmap
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        first_page = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the tensor only
+        last_page = end // mmap.PAGESIZE * mmap.PAGESIZE
+        if last_page > first_page:
+            libc.madvise(first_page, last_page - first_page, _MADV_PAGEOUT)
+    except (OSError, AttributeError):
+        pass
+
+
 class PackedWeightError(AttributeError):
     """Raised when code reaches for the weight of a layer whose weight is packed for inference."""
 
@@ -206,6 +235,7 @@ class Linear(nn.Linear):
             return False
         self.packed_weight = pack_weight(weight)
         self._weight_requires_grad = weight.requires_grad
+        release_resident_pages(weight)
         del self._parameters["weight"]  # the packed blocks are now the only copy
         return True
 

@@ -180,3 +180,33 @@ def _environment() -> dict[str, str]:
     import os
 
     return {key: value for key, value in os.environ.items() if key not in hfbert.cpu.CAPS}
+
+
+PEAK_MEMORY = """
+import resource, sys, torch
+torch.set_num_threads(2)
+directory, which = sys.argv[1], sys.argv[2]
+with torch.no_grad():
+    if which == "transformers":
+        import transformers
+        model = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+    else:
+        import hfbert
+        model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory))
+    for _ in range(2):
+        model(input_ids=torch.randint(1000, 30000, (8, 128)))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@packs
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS as Linux reports it (ru_maxrss in KiB)")
+def test_packed_bert_base_peaks_below_transformers_memory(bert_base_safetensors_dir):
+    """The packed copy replaces the weights, also the pages of the memory-mapped checkpoint they came from."""
+    peaks = {}
+    for which in ("transformers", "hfbert"):
+        command = [sys.executable, "-c", PEAK_MEMORY, str(bert_base_safetensors_dir), which]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        peaks[which] = int(result.stdout.split()[-1])
+    assert peaks["hfbert"] <= peaks["transformers"], peaks
