@@ -6,7 +6,7 @@
     hfbert parity MODEL [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--attn eager|sdpa] [--texts FILE]
                         [--batch-size N] [--reference MODEL2] [--linear standard|onednn] [--tolerance ABS]
                         [--json OUT.json] [--plot OUT.png]
-    hfbert embed MODEL [TEXT ...] [--file F] [--pooling cls|mean] [--normalize] [--out F.npy|F.jsonl]
+    hfbert embed MODEL [TEXT ...] [--file F] [--pooling cls|mean] [--normalize] [--quantize int8] [--out F.npy|F.jsonl]
                        [--batch-size N] [--max-length N] [--chunk-size N] [--device D] [--dtype T]
     hfbert fill-mask MODEL "Paris is the [MASK] of France." [--top-k 5] [--device D] [--json]
 
@@ -111,6 +111,7 @@ def embed_command(arguments: argparse.Namespace) -> None:
         max_length=arguments.max_length,
         device=device,
         dtype=arguments.dtype,
+        quantize=arguments.quantize,
     )
     if arguments.file:
         texts, total = read_texts(arguments.file), count_lines(arguments.file)
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     embed.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: as stored")
+    embed.add_argument("--quantize", choices=["int8"], help="int8 weights and activations on CPU (faster, lossy)")
     embed.set_defaults(run=embed_command)
 
     fill_mask = commands.add_parser("fill-mask", help="top-k tokens for the [MASK] in a text")
