@@ -4,7 +4,7 @@
     hfbert convert SRC DEST [--dtype float32|float16|bfloat16] [--max-shard-size 2GB]
     hfbert inspect SRC
     hfbert parity MODEL [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--attn eager|sdpa] [--texts FILE]
-                        [--batch-size N] [--reference MODEL2] [--linear standard|onednn] [--tolerance ABS]
+                        [--batch-size N] [--reference MODEL2] [--linear standard|packed|onednn] [--tolerance ABS]
                         [--json OUT.json] [--plot OUT.png]
     hfbert embed MODEL [TEXT ...] [--file F] [--pooling cls|mean] [--normalize] [--quantize int8] [--out F.npy|F.jsonl]
                        [--batch-size N] [--max-length N] [--chunk-size N] [--device D] [--dtype T]
@@ -228,10 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parity.add_argument(
         "--linear",
-        choices=["standard", "onednn"],
+        choices=["standard", "packed", "onednn"],
         default="standard",
-        help="kernel of hfbert's linear layers: standard (F.linear, transformers' kernel; the default) or onednn "
-        "(faster on x86 CPUs, opt-in: less accurate than the contract allows, see hfbert/linear.py)",
+        help="hfbert's linear layers: standard (F.linear, transformers' kernel; the default), packed (weights packed "
+        "by hfbert.optimize_for_inference, the fast path) or onednn (unpacked oneDNN, opt-in: less accurate than the "
+        "contract allows, see hfbert/linear.py)",
     )
     parity.add_argument(
         "--tolerance",

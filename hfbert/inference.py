@@ -7,7 +7,8 @@
     ...     out = model(input_ids=torch.tensor([[101, 102]]))
 
 fp32 (the default): every large linear layer's weight is packed once into oneDNN's blocked layout, summed in
-blocks so the error against float64 stays transformers' own (`hfbert/linear.py`). The packed blocks replace the
+blocks so the error against float64 stays transformers' own (`hfbert/linear.py`); a bf16 model is packed too on
+CPUs that compute bf16 natively. The packed blocks replace the
 plain weight, so memory holds one copy; `state_dict()` and `save_pretrained()` still give the original weights bit
 for bit, and `model.train()` or `restore_weights(model)` brings the plain parameters back.
 
@@ -16,8 +17,8 @@ Lossy by design: the fp32 weights are gone, so such a model cannot be saved or t
 checkpoint) for that.
 
 Layers whose weight is shared (the masked-LM decoder tied to the word embeddings) and small layers (classifiers)
-are left as they are. Elsewhere (GPU, fp16/bf16/fp64, a torch without oneDNN, non-x86 CPUs) nothing is packed and
-the model runs as before: `packed_layers(model)` says what was.
+are left as they are. Elsewhere (GPU, fp16/fp64, bf16 on CPUs that emulate it, a torch without oneDNN, non-x86
+CPUs) nothing is packed and the model runs as before: `packed_layers(model)` says what was.
 """
 
 from __future__ import annotations

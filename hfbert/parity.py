@@ -284,7 +284,7 @@ class ParityReport:
     device: str
     dtype: str
     attn: str
-    linear_kernel: str  # what hfbert's linear layers ran on: "F.linear" (transformers' kernel) or "oneDNN"
+    linear_kernel: str  # what hfbert's linear layers ran on: "F.linear", "oneDNN, packed" or "oneDNN"
     instruction_set: str  # of the CPU kernels (hfbert.cpu.instruction_set())
     tolerance: float | None  # the optional absolute bound on the distance to transformers
     num_layers: int
@@ -568,11 +568,13 @@ def run_parity(
     """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
     directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
     `reference`: load transformers from this checkpoint instead (default: `model_path`), e.g. to check a
-    converted or re-saved copy against its original. `linear_kernel`: "standard" or "onednn" for hfbert's
+    converted or re-saved copy against its original. `linear_kernel`: "standard", "packed" (weights packed by
+    `hfbert.optimize_for_inference`) or "onednn" for hfbert's
     linear layers (default: the process's, see `hfbert/linear.py`). `tolerance`: also require max abs against
     transformers to be at most this."""
     transformers = import_transformers()
     import hfbert
+    import hfbert.inference
     import hfbert.linear
     from converters.checkpoint_files import read_checkpoint
     from converters.hub import resolve_checkpoint
@@ -637,9 +639,15 @@ def run_parity(
     from tqdm.auto import tqdm
 
     total = len(passes) * sum(len(case.batches) for case in cases)
-    kernel_choice = hfbert.linear.linear_kernel(linear_kernel) if linear_kernel else nullcontext()
+    packed = linear_kernel == "packed"
+    if packed:
+        hfbert.optimize_for_inference(ours)
+    unpacked_kernel = None if packed else linear_kernel
+    kernel_choice = hfbert.linear.linear_kernel(unpacked_kernel) if unpacked_kernel else nullcontext()
     with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad(), kernel_choice:
         ran_kernel = hfbert.linear.inference_kernel(device, dtype)
+        if packed and hfbert.inference.packed_layers(ours):
+            ran_kernel = "oneDNN, packed"
         # disable=None: a bar only when stderr is a terminal
         bar = tqdm(total=total, desc="parity", unit="batch", disable=None if progress else True, file=sys.stderr)
         for name in passes:
@@ -652,6 +660,8 @@ def run_parity(
                 ours = hfbert.BertForMaskedLM.from_pretrained(
                     directory, dtype=dtype, device=device, attn_implementation=attn
                 )
+                if packed:
+                    hfbert.optimize_for_inference(ours)
                 theirs, exact = references("BertForMaskedLM", attn)
             bar.set_postfix_str(name)
             for case in cases:

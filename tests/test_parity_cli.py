@@ -23,6 +23,7 @@ import torch
 import hfbert
 import hfbert.activations
 import hfbert.cpu
+import hfbert.linear
 from hfbert.cli import main
 
 from checkpoints import write_bert_base_layout, write_bert_large_shape
@@ -254,3 +255,14 @@ def test_bert_large_shape_passes(tmp_path, capsys):
     assert status == 0, output
     rows = table_rows(output)
     assert len(rows) == 2 * 24 + 4 and ("layer 23", "pass") in rows
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hfbert.linear.onednn_available(), reason="this torch build or CPU has no oneDNN to pack for")
+def test_packed_weights_pass_parity_with_masked_lm_head(tmp_path, capsys, bert_base_safetensors_dir):
+    """`--linear packed`: hfbert.optimize_for_inference's fast path, every output and the MLM logits judged."""
+    texts = few_texts_file(tmp_path)
+    status, output = parity(capsys, bert_base_safetensors_dir, "--linear", "packed", "--texts", texts)
+    assert status == 0, output
+    assert ", linear oneDNN, packed;" in output
+    assert table_rows(output)[-2:] == [("mlm logits", "pass"), ("mlm top-5", "pass")]
