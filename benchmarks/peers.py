@@ -51,9 +51,10 @@ more than the other engines' pools when a core is taken.
 `--cap-isa AVX2` reruns this script in a subprocess with ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS and
 ATEN_CPU_CAPABILITY capped to AVX2 (torch: hfbert, transformers, sentence-transformers), CT2_FORCE_CPU_ISA=AVX2
 (CTranslate2's own switch; its GEMMs are oneDNN's or MKL's, capped by the same variables) and OV_CPU_MAX_ISA=AVX2.
-OpenVINO's bundled oneDNN honours ONEDNN_MAX_CPU_ISA, but its own JIT kernels honour OV_CPU_MAX_ISA only in debug
-builds (openvinotoolkit/openvino PRs 36980 and 38257) and its fp32 FullyConnected may run MLAS: the kernels it
-picked are printed. ONNX Runtime has no run-time switch (MLAS dispatches on CPUID; only build options limit it): it
+OpenVINO 2026.4's oneDNN-based and JIT kernels follow ONEDNN_MAX_CPU_ISA (brgemm_avx512 -> brgemm_avx2, jit_avx512 ->
+jit_avx2 here; OV_CPU_MAX_ISA is honoured by debug builds only, openvinotoolkit/openvino PRs 36980 and 38257), but
+two thirds of its fp32 FullyConnected layers run MLAS (gemm_mlas_f32), which no variable caps: the kernels it picked
+are printed. ONNX Runtime has no run-time switch (MLAS dispatches on CPUID; only build options limit it): it
 keeps the full instruction set, and the report says so.
 """
 
@@ -113,9 +114,9 @@ CAPS = {
 }
 CAP_REACH = (
     "the cap applies to torch (hfbert, transformers, sentence-transformers: ATen, MKL, oneDNN) and CTranslate2 "
-    "(CT2_FORCE_CPU_ISA, oneDNN/MKL GEMMs); to OpenVINO only partly (its oneDNN primitives; its own JIT kernels "
-    "and MLAS GEMMs ignore it in release builds: see its kernels above); not to ONNX Runtime (MLAS picks the "
-    "instruction set from CPUID; ORT has no run-time switch)"
+    "(CT2_FORCE_CPU_ISA, oneDNN/MKL GEMMs); to OpenVINO only partly (its oneDNN and JIT kernels drop to AVX2, "
+    "the fp32 FullyConnected layers it runs on MLAS do not: its kernels are listed below); not to ONNX Runtime "
+    "(MLAS picks the instruction set from CPUID; ORT has no run-time switch)"
 )
 
 
