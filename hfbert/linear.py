@@ -26,6 +26,7 @@ layers (LoRA, quantizers) see no difference.
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from hfbert.quantization import dequantize_weight, int8_available, int8_linear, quantize_weight
 
 # A private op of torch, so look it up defensively: without it, F.linear everywhere. Only on x86, where it was
 # measured (AVX-512, and AVX2 by capping oneDNN's and MKL's instruction sets: 0.93-1.28x); elsewhere (ARM) F.linear.
@@ -103,19 +106,9 @@ def uses_onednn(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """True when `Linear` runs this call on oneDNN's inner product instead of `F.linear`."""
     if not (_onednn_enabled(input.device.type, input.dtype) and weight.dtype == input.dtype):
         return False
-    parameters = (weight,) if bias is None else (weight, bias)
     return (
-        # Plain tensors only: FakeTensor, fx Proxy, DTensor and other subclasses keep the standard op.
-        type(input) is Tensor
-        and all(type(parameter) in (Tensor, nn.Parameter) for parameter in parameters)
+        _plain_inference_call(input, (weight,) if bias is None else (weight, bias))
         and (bias is None or bias.dtype == input.dtype)
-        # The kernel has no backward: a gradient asked of the input or of any parameter (even the bias alone,
-        # as in BitFit) takes F.linear.
-        and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (input, *parameters)))
-        # Autocast casts F.linear's inputs; it knows nothing of the oneDNN op, which would silently stay fp32.
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
         and (
             weight.numel() >= MIN_ONEDNN_WEIGHTS
             or input.numel() // max(weight.shape[-1], 1) * weight.numel() >= MIN_ONEDNN_MULTIPLY_ADDS
@@ -159,7 +152,7 @@ def unpack_weight(blocks: tuple[Tensor, ...]) -> Tensor:
 
 
 # Many rows through few blocks: every block re-reads and rewrites the whole output, so tiles of TILE_ROWS rows keep
-# it in cache (bert-base, 8 x 128 tokens: 589 ms instead of 657 ms; measured on AMD EPYC, AVX-512). With many
+# it in cache (bert-base, 8 x 128 tokens: 604 ms instead of 657 ms; measured on AMD EPYC, AVX-512). With many
 # blocks (the 3072-wide input of the feed-forward output) the extra calls cost more than the cache saves.
 TILE_ROWS = 256
 TILE_MAX_BLOCKS = 4
@@ -191,6 +184,15 @@ _inner_product_add = _inner_product.binary if _inner_product is not None else No
 _MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
 
 
+@functools.cache
+def _libc_madvise() -> Any:
+    import ctypes
+
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
 def release_resident_pages(tensor: Tensor) -> None:
     """Ask Linux to drop `tensor`'s memory pages now (madvise MADV_PAGEOUT), before its last reference goes.
 
@@ -201,17 +203,14 @@ def release_resident_pages(tensor: Tensor) -> None:
     if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or tensor.numel() == 0:
         return
     try:
-        import ctypes
         import mmap
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         start = tensor.data_ptr()
         end = start + tensor.numel() * tensor.element_size()
         first_page = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the tensor only
         last_page = end // mmap.PAGESIZE * mmap.PAGESIZE
         if last_page > first_page:
-            libc.madvise(first_page, last_page - first_page, _MADV_PAGEOUT)
+            _libc_madvise()(first_page, last_page - first_page, _MADV_PAGEOUT)
     except (OSError, AttributeError):
         pass
 
@@ -231,7 +230,7 @@ class Linear(nn.Linear):
     """
 
     packed_weight: tuple[Tensor, ...] | None = None
-    int8_weight: Any = None  # hfbert.quantization.Int8Weight, imported only when asked for
+    int8_weight: Any = None  # hfbert.quantization.Int8Weight
     _weight_requires_grad = False
 
     @property
@@ -259,8 +258,6 @@ class Linear(nn.Linear):
     def quantize_int8(self) -> bool:
         """Replace the weight by its int8 form for inference (`hfbert/quantization.py`); lossy, and it cannot be
         undone. False where int8 cannot run here."""
-        from hfbert.quantization import int8_available, quantize_weight
-
         if self.int8_weight is not None:
             return True
         self.unpack()
@@ -292,8 +289,6 @@ class Linear(nn.Linear):
 
     def forward(self, input: Tensor) -> Tensor:
         if self.int8_weight is not None:
-            from hfbert.quantization import dequantize_weight, int8_linear
-
             if _runs_packed(input, self.bias, torch.float32):
                 return int8_linear(input, self.int8_weight)
             return F.linear(input, dequantize_weight(self.int8_weight).to(input.dtype), self.bias)
@@ -359,11 +354,23 @@ class Linear(nn.Linear):
 
 def _runs_packed(input: Tensor, bias: Tensor | None, dtype: torch.dtype) -> bool:
     return (
-        type(input) is Tensor
-        and input.dtype == dtype
+        input.dtype == dtype
         and input.device.type == "cpu"
-        and (bias is None or (bias.dtype == dtype and type(bias) in (Tensor, nn.Parameter)))
-        and not (torch.is_grad_enabled() and (input.requires_grad or (bias is not None and bias.requires_grad)))
+        and (bias is None or bias.dtype == dtype)
+        and _plain_inference_call(input, () if bias is None else (bias,))
+    )
+
+
+def _plain_inference_call(input: Tensor, parameters: tuple[Tensor, ...]) -> bool:
+    """Whether a oneDNN op (which has no backward and is invisible to autocast, compilers and tracers) may run."""
+    return (
+        # Plain tensors only: FakeTensor, fx Proxy, DTensor and other subclasses keep the standard op.
+        type(input) is Tensor
+        and all(type(parameter) in (Tensor, nn.Parameter) for parameter in parameters)
+        # No backward: a gradient asked of the input or of any parameter (even the bias alone, as in BitFit)
+        # takes F.linear.
+        and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (input, *parameters)))
+        # Autocast casts F.linear's inputs; it knows nothing of the oneDNN ops, which would silently stay fp32.
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
