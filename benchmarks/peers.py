@@ -203,9 +203,31 @@ def openvino_kernels(compiled: Any) -> str:
     return ", ".join(f"{name} x{count}" for name, count in sorted(kernels.items()))
 
 
+def import_ctranslate2() -> Any:
+    """CTranslate2, imported so that it runs on its own OpenMP runtime.
+
+    Its wheel bundles a copy of libgomp, but imported plainly its library binds its OpenMP calls to the libgomp that
+    torch already made global in the process (LD_DEBUG=bindings shows `GOMP_parallel` bound to torch's copy). One
+    runtime then manages torch's thread pool and CTranslate2's: more threads than cores, so libgomp stops spinning
+    between parallel regions (its throttled spin count) and every torch kernel in the process, hfbert's and
+    transformers', sleeps and wakes at each one: hfbert 1 x 16 took 23 ms before CTranslate2's first call and 46 ms
+    after it (48,000 context switches in 40 calls against none). RTLD_DEEPBIND makes CTranslate2's libraries look
+    in their own dependencies first, so it gets its own libgomp and torch's stays torch's (23 ms after, and
+    CTranslate2 itself is no slower)."""
+    if "ctranslate2" not in sys.modules:
+        flags = sys.getdlopenflags()
+        sys.setdlopenflags(flags | getattr(os, "RTLD_DEEPBIND", 0))
+        try:
+            import ctranslate2  # noqa: F401
+        finally:
+            sys.setdlopenflags(flags)
+    return sys.modules["ctranslate2"]
+
+
 def ctranslate2_engine(path: Path, threads: int, compute_type: str) -> Engine:
-    import ctranslate2
     import numpy
+
+    ctranslate2 = import_ctranslate2()
 
     with captured_log(ctranslate2) as log:
         encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
@@ -308,7 +330,8 @@ def quantize_onnx(fused: Path, path: Path) -> Path:
 
 
 def convert_ctranslate2(checkpoint: Path, work: Path) -> Path:
-    import ctranslate2
+    import_ctranslate2()  # the first import of it decides which OpenMP runtime it binds to: see there
+    import ctranslate2.converters
 
     source, target = work / "ctranslate2-source", work / "ctranslate2"
     source.mkdir()
@@ -436,8 +459,7 @@ def real_texts(count: int) -> list[str]:
 
 # -- measurement -----------------------------------------------------------------------------------------------------
 # Untimed pause before each engine's turn: ONNX Runtime's, OpenVINO's and the OpenMP pools (torch's and
-# CTranslate2's own copy of libgomp) keep spinning for a while after a call, on the cores the next engine needs;
-# without the pause hfbert's batch-1 latency read 54.8 ms here instead of the 25 ms it takes alone.
+# CTranslate2's) keep spinning for a while after a call, on the cores the next engine needs.
 SETTLE = 0.1
 
 
@@ -688,8 +710,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--without-ctranslate2",
         action="store_true",
-        help="leave CTranslate2 out: once it has run, its own OpenMP runtime halves the speed of torch's in the same "
-        "process at batch 1 (hfbert 1x16: 26 ms alone, 56 ms after CTranslate2 loaded, AMD EPYC AVX-512)",
+        help="leave CTranslate2 out (its conversion and int8 rows take a few minutes)",
     )
     args = parser.parse_args()
     if args.json and not args.json.resolve().parent.is_dir():
