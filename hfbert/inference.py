@@ -16,6 +16,9 @@ for bit, and `model.train()` or `restore_weights(model)` brings the plain parame
 Lossy by design: the fp32 weights are gone, so such a model cannot be saved or trained; keep the fp32 model (or its
 checkpoint) for that.
 
+On a CPU it also asks malloc to keep freed activation memory for the next forward (`hfbert/allocator.py`:
+process-wide, glibc only): without that, every forward of a large batch faults its activations' pages in anew.
+
 Layers whose weight is shared (the masked-LM decoder tied to the word embeddings) and small layers (classifiers)
 are left as they are. Elsewhere (GPU, fp16/fp64, bf16 on CPUs that emulate it, a torch without oneDNN, non-x86
 CPUs) nothing is packed and the model runs as before: `packed_layers(model)` says what was.
@@ -27,6 +30,7 @@ from collections import Counter
 
 from torch import nn
 
+from hfbert.allocator import keep_freed_memory
 from hfbert.linear import MIN_ONEDNN_WEIGHTS, Linear
 
 QUANTIZATIONS = ("int8",)
@@ -41,6 +45,8 @@ def optimize_for_inference(model: nn.Module, quantize: str | None = None) -> nn.
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZATIONS)}, not {quantize!r}")
     model.eval()
+    if any(parameter.device.type == "cpu" for parameter in model.parameters()):
+        keep_freed_memory()
     for layer in _packable_layers(model, MIN_INT8_WEIGHTS if quantize == "int8" else MIN_ONEDNN_WEIGHTS):
         if quantize == "int8":
             layer.quantize_int8()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import io
+import platform
 import subprocess
 import sys
 import warnings
@@ -210,3 +211,44 @@ def test_packed_bert_base_peaks_below_transformers_memory(bert_base_safetensors_
         assert result.returncode == 0, result.stderr[-2000:]
         peaks[which] = int(result.stdout.split()[-1])
     assert peaks["hfbert"] <= peaks["transformers"], peaks
+
+
+FREED_MEMORY = """
+import resource, sys, torch, hfbert
+torch.set_num_threads(1)
+def page_faults():  # a forward's large activation, made and freed 20 times
+    x = torch.randn(4096, 3072)  # 48 MB: above the 32 MB that glibc's own threshold may grow to
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        y = x / 3
+        del y
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+default = page_faults()
+hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)))
+print(default, page_faults())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="keep_freed_memory sets glibc's malloc only")
+def test_optimize_for_inference_keeps_freed_activations_instead_of_faulting_them_in_again():
+    import resource  # Unix only
+
+    environment = {key: value for key, value in _environment().items() if not key.startswith("MALLOC_")}
+    environment.pop("LD_PRELOAD", None)
+    result = subprocess.run(
+        [sys.executable, "-c", FREED_MEMORY], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    default, kept = map(int, result.stdout.split()[-2:])
+    pages = 4096 * 3072 * 4 // resource.getpagesize()
+    assert default >= 15 * pages, "glibc kept the freed memory even by default: nothing to check"
+    assert kept <= 4 * pages, (default, kept)  # the first allocations fault their pages in, then reuse them
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="keep_freed_memory sets glibc's malloc only")
+def test_malloc_settings_of_the_process_owner_win():
+    script = "from hfbert.allocator import keep_freed_memory; print(keep_freed_memory())"
+    environment = {**_environment(), "MALLOC_TRIM_THRESHOLD_": "131072"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "False"
