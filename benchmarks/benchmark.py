@@ -1,6 +1,6 @@
 """hfbert against transformers: same process, same weights, same inputs. Prints a Markdown table, writes JSON.
 
-    python benchmarks/benchmark.py [--quick] [--json results.json] [--device cpu|cuda] [--repeats N]
+    python benchmarks/benchmark.py [--quick] [--json results.json] [--device cpu|cuda] [--repeats N] [--optimized]
 
 Rows (targets are goals printed beside the numbers, never asserts):
   a    dense fp32, batch 8 x 128 tokens               throughput >= 1.0x transformers and >= 85% of the GEMM rate
@@ -183,11 +183,13 @@ def min_cosine(outputs: list[torch.Tensor], reference: list[torch.Tensor], batch
 
 
 # -- models ----------------------------------------------------------------------------------------------------------
-def load_pair(checkpoint: Path, dtype: torch.dtype, device: str) -> dict:
+def load_pair(checkpoint: Path, dtype: torch.dtype, device: str, optimized: bool = False) -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()  # the cls.* "unexpected keys" report is expected here
     ours = hfbert.BertModel.from_pretrained(checkpoint, dtype=dtype, device=device, attn_implementation="sdpa")
+    if optimized:
+        hfbert.optimize_for_inference(ours)
     theirs = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype)
     return {"hfbert": ours.eval(), "transformers": theirs.to(device).eval()}
 
@@ -262,7 +264,7 @@ def throughput_rows(labels, dtype, models, dense, mixed, args, config) -> tuple[
 
 def low_precision_rows(dtype, checkpoint, dense, mixed, fp32_rows, fp32_outputs, args, config) -> list[dict]:
     """Row d for one dtype: a and b again, our speed-up over our own fp32, and accuracy against fp32."""
-    models = load_pair(checkpoint, dtype, args.device)
+    models = load_pair(checkpoint, dtype, args.device, args.optimized)
     rows, outputs = throughput_rows(("d-a", "d-b"), dtype, models, dense, mixed, args, config)
     speedup = rows[0]["hfbert"] / fp32_rows[0]["hfbert"]
     rows[0]["own_fp32_speedup"] = speedup
@@ -344,6 +346,11 @@ def parse_args() -> argparse.Namespace:
         default="standard",
         help="hfbert's linear kernel: standard (F.linear, the default) or onednn (opt-in, hfbert/linear.py)",
     )
+    parser.add_argument(
+        "--optimized",
+        action="store_true",
+        help="hfbert.optimize_for_inference on hfbert's models: fp32 packed, bf16 packed where the CPU has bf16",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
@@ -359,13 +366,15 @@ def main() -> None:
     hfbert.linear.set_linear_kernel(args.linear)
     started, cpu_before = time.perf_counter(), cpu_seconds()
     machine = machine_info(args.device)
+    if args.optimized:
+        machine["hfbert_linear_kernel"] = "weights packed by hfbert.optimize_for_inference"
     low_precision = [torch.float16, torch.bfloat16] if args.device == "cuda" else [torch.bfloat16]
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         checkpoint = make_checkpoint(args.checkpoint or Path(tmp) / "bert-base-random")
         config = hfbert.BertConfig.from_json_file(checkpoint / "config.json")
         dense, short = batch([128] * 8, 1000, args.device), batch([16], 1001, args.device)
         mixed = mixed_batches(args.mixed_count, args.device)
-        models = load_pair(checkpoint, torch.float32, args.device)
+        models = load_pair(checkpoint, torch.float32, args.device, args.optimized)
         rows, fp32_outputs = throughput_rows(("a", "b"), torch.float32, models, dense, mixed, args, config)
         # Batch 1 is where per-op overhead shows: many short timings, their median.
         latency, _ = interleaved({n: forward(m) for n, m in models.items()}, [short], 5 * args.repeats, 3, args.device)

@@ -24,7 +24,7 @@ from hfbert.activations import ACTIVATIONS
 from hfbert.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.config import BertConfig
 from hfbert.inputs import check_inputs
-from hfbert.linear import Linear
+from hfbert.linear import Linear, linears_of_one_input
 from hfbert.outputs import BertModelOutput
 from hfbert.padding import PackedBatch, PaddedBatch
 from hfbert.pretrained import BertPreTrainedModel
@@ -77,10 +77,11 @@ class BertSelfAttention(nn.Module):
     def forward(
         self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
     ) -> tuple[Tensor, Tensor | None]:
+        query, key, value = linears_of_one_input(hidden_states, (self.query, self.key, self.value))
         return batch.attend(
-            self.query(hidden_states),
-            self.key(hidden_states),
-            self.value(hidden_states),
+            query,
+            key,
+            value,
             num_heads=self.num_heads,
             scale=self.scale,
             dropout=self.dropout_probability if self.training else 0.0,

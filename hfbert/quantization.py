@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import functools
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -197,8 +198,9 @@ def quantize_activation(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     high = rows.amax(dim=-1, keepdim=True).clamp_(min=0)
     scale = ((high - low) / 255).clamp_(min=_TINY)
     zero_point = torch.round(-low / scale)
-    # round(x / scale) + zero_point can reach 255.5 before rounding: clamp, or 256 would wrap around to 0.
-    values = torch.round(rows / scale).add_(zero_point).clamp_(0, 255).to(torch.uint8)
+    # In place after the division: each pass over a large activation costs as much as the next. round(x / scale)
+    # + zero_point can reach 255.5 before rounding: clamp, or 256 would wrap around to 0.
+    values = rows.div(scale).round_().add_(zero_point).clamp_(0, 255).to(torch.uint8)
     return values, scale, zero_point
 
 
@@ -206,20 +208,38 @@ def int8_linear(input: Tensor, weight: Int8Weight) -> Tensor:
     """`F.linear(input, dequantize_weight(weight), weight.bias)` in int8, each row of `input` (fp32, shape
     (..., in_features)) quantized on the fly (`quantize_activation`); returns fp32 (..., out_features). Inference
     only: the kernel has no gradient."""
+    return int8_linears(input, [weight])[0]
+
+
+def int8_linears(input: Tensor, weights: Sequence[Int8Weight]) -> list[Tensor]:
+    """`[int8_linear(input, weight) for weight in weights]`, with `input` quantized once for all of them: attention's
+    query, key and value projections read the same hidden states."""
+    in_features = {weight.in_features for weight in weights}
+    if len(in_features) != 1:
+        raise ValueError(f"the weights of one input must share in_features, not {sorted(in_features)}")
+    (in_features,) = in_features
     if input.dtype != torch.float32 or input.device.type != "cpu":
         raise TypeError(f"int8_linear takes fp32 CPU input, not {input.dtype} on {input.device}")
-    if input.shape[-1:] != (weight.in_features,):
-        raise ValueError(f"input's last dimension must be {weight.in_features} (in_features): {list(input.shape)}")
+    if input.shape[-1:] != (in_features,):
+        raise ValueError(f"input's last dimension must be {in_features} (in_features): {list(input.shape)}")
     if torch.is_grad_enabled() and input.requires_grad:
         raise RuntimeError("int8_linear has no gradient: run it under torch.no_grad() or torch.inference_mode()")
-    rows = input.reshape(-1, weight.in_features)
+    rows = input.reshape(-1, in_features)
     if rows.shape[0] == 0:
-        return input.new_empty(*input.shape[:-1], weight.out_features)
+        return [input.new_empty(*input.shape[:-1], weight.out_features) for weight in weights]
     values, scale, zero_point = quantize_activation(rows)
+    values = values.contiguous()
+    return [
+        _rescaled_product(values, scale, zero_point, weight).view(*input.shape[:-1], weight.out_features)
+        for weight in weights
+    ]
+
+
+def _rescaled_product(values: Tensor, scale: Tensor, zero_point: Tensor, weight: Int8Weight) -> Tensor:
     output = _int8_product(
-        values.contiguous(), 1.0, 0, weight.packed, weight.scales, weight._zero_points, None,
-        1.0, 0, torch.float32, "none", [], "",
-    )  # fmt: skip
+        values, 1.0, 0, weight.packed, weight.scales, weight._zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+    )
     output.addr_(zero_point.view(-1), weight.sums, alpha=-1)
-    output = output.mul_(scale) if weight.bias is None else torch.addcmul(weight.bias, output, scale)
-    return output.view(*input.shape[:-1], weight.out_features)
+    if weight.bias is None:
+        return output.mul_(scale)
+    return torch.addcmul(weight.bias, output, scale, out=output)  # in place: one pass over the output, not two

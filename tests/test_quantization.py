@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import hfbert
 from hfbert.cpu import CAPS, cpu_flags
 from hfbert.inference import packed_layers
-from hfbert.linear import PackedWeightError
+from hfbert.linear import PackedWeightError, linears_of_one_input
 from hfbert.quantization import dequantize_weight, int8_available, int8_linear, quantize_activation, quantize_weight
 
 from conftest import minilm_directory
@@ -188,6 +188,32 @@ def test_an_int8_model_refuses_to_save_or_train(tmp_path):
         model.train()
     with pytest.raises(PackedWeightError, match="int8"):
         model.encoder.layer[0].intermediate.dense.weight  # noqa: B018
+
+
+@int8
+def test_query_key_and_value_share_one_quantization_and_stay_exact():
+    """int8 attention quantizes its hidden states once for the three projections: each is still the exact product of
+    the quantized values, and the layer's own int8 path gives the same numbers."""
+    torch.manual_seed(4)
+    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int8")
+    attention = model.encoder.layer[0].attention.self
+    hidden = torch.randn(2, 9, 768)
+    with torch.no_grad():
+        projections = linears_of_one_input(hidden, (attention.query, attention.key, attention.value))
+        for projection, layer in zip(projections, (attention.query, attention.key, attention.value), strict=True):
+            exact = exact_product(hidden, layer.int8_weight, layer.bias)
+            assert (projection.reshape(-1, 768).double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+            assert torch.equal(projection, layer(hidden))
+
+
+@int8
+def test_a_hook_on_an_int8_projection_still_runs():
+    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int8")
+    seen = []
+    model.encoder.layer[0].attention.self.key.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[101, 2000, 102]]))
+    assert len(seen) == 1 and seen[0].shape == (1, 3, 768)
 
 
 AVX2_SCRIPT = """
