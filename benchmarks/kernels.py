@@ -1,29 +1,41 @@
-"""The kernel choices behind hfbert's CPU speed, measured: why linear layers run oneDNN, why bf16 attention stays
-on the flash kernel.
+"""The kernel choices behind hfbert's CPU speed, measured: the linear kernels (F.linear, oneDNN on plain or packed
+weights, hfbert's packed blocks, int8) and why bf16 attention stays on the flash kernel.
 
     python benchmarks/kernels.py [--repeats N]
 
-1. Linear layers. bert-base's four weight shapes, as many copies as make ~200 MB (so, as in a real forward, the
+1. Linear layers. bert-base's weight shapes, as many copies as make ~200 MB (so, as in a real forward, the
    weights stream from memory instead of sitting in cache), at 16 rows (batch-1 latency) and 1,024 rows (a dense
-   8 x 128 batch): `F.linear` (MKL sgemm, what transformers runs) against oneDNN's inner product (what
-   hfbert.linear.Linear runs), GFLOP/s and max abs error against float64.
+   8 x 128 batch): `F.linear` (MKL sgemm, what transformers and hfbert's default run), oneDNN's inner product on
+   the plain weight (hfbert's opt-in `onednn_linear`), on the weight packed once for the whole input width (what
+   ONNX-exporting engines and torch.compile's freezing run), and packed in hfbert's blocks (what
+   `hfbert.optimize_for_inference` runs); GFLOP/s and max abs error against float64. Then the time the whole
+   bert-base encoder's linear layers take at each kernel's rate for 8 x 128 tokens: a floor for any dense forward
+   built on that kernel.
 2. Small products, one weight held in cache: the time of one call of each kernel, which shows oneDNN's fixed
    cost per call and where hfbert.linear's thresholds (MIN_ONEDNN_WEIGHTS, MIN_ONEDNN_MULTIPLY_ADDS) come from.
 3. bf16 attention, 8 x 12 heads x 128 x 64: the CPU flash kernel (`scaled_dot_product_attention`, what both
    libraries run) against plain bf16 matmul + softmax, which rounds the scores to bf16; time and error against
    float64.
+4. int8 (`hfbert/quantization.py`): one product with its activations' quantization, against the packed fp32
+   product, on Gaussian inputs with 4 outlier dimensions 20x larger; error: RMS against float64, relative to the
+   output's RMS.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+import hfbert.linear
+import hfbert.quantization
+from hfbert.cpu import cpu_name, instruction_set
 
 BERT_BASE_SHAPES = {"query/key/value/attention output": (768, 768), "intermediate": (3072, 768), "output": (768, 3072)}
 
@@ -42,15 +54,40 @@ def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return torch.ops.mkldnn._linear_pointwise(inputs, weight, bias, "none", [], "")
 
 
-def apply_all(kernel: Callable, inputs: torch.Tensor, weights: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for weight, bias in weights:
-        kernel(inputs, weight, bias)
+def apply_all(kernels: list[Callable], inputs: torch.Tensor) -> None:
+    for kernel in kernels:
+        kernel(inputs)
+
+
+def linear_kernels() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callable]]:
+    """name -> (weight, bias) -> the function `inputs -> output` that kernel runs, its weight prepared once."""
+    kernels = {"F.linear": lambda weight, bias: functools.partial(_call, F.linear, weight, bias)}
+    if hfbert.linear.onednn_available():
+        kernels["oneDNN"] = lambda weight, bias: functools.partial(_call, onednn_linear, weight, bias)
+        kernels["oneDNN packed, whole width"] = lambda weight, bias: functools.partial(
+            _call, onednn_linear, torch.ops.mkldnn._reorder_linear_weight(weight), bias
+        )
+        kernels[f"hfbert packed, blocks of {hfbert.linear.PACKED_BLOCK}"] = lambda weight, bias: functools.partial(
+            _call_packed, hfbert.linear.pack_weight(weight), bias
+        )
+    return kernels
+
+
+def _call(kernel: Callable, weight: torch.Tensor, bias: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    return kernel(inputs, weight, bias)
+
+
+def _call_packed(blocks: tuple[torch.Tensor, ...], bias: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    return hfbert.linear.packed_linear(inputs, blocks, bias)
 
 
 def linear_rows(repeats: int) -> None:
-    print("| weight (out x in) | rows | F.linear GFLOP/s | oneDNN GFLOP/s | speed-up | F.linear error | oneDNN error |")
-    print("|---|---|---|---|---|---|---|")
+    kernels = linear_kernels()
+    print(f"| weight (out x in) | rows | {' | '.join(f'{name} GFLOP/s' for name in kernels)} | "
+          f"{' | '.join(f'{name} error' for name in kernels)} |")  # fmt: skip
+    print("|---|---|" + "---|" * 2 * len(kernels))
     generator = torch.Generator().manual_seed(0)
+    rates: dict[tuple[str, int, str], float] = {}
     for name, (out_features, in_features) in BERT_BASE_SHAPES.items():
         copies = max(4, 200_000_000 // (out_features * in_features * 4))
         weights = [
@@ -63,18 +100,28 @@ def linear_rows(repeats: int) -> None:
         for rows in (16, 1024):
             inputs = torch.randn(rows, in_features, generator=generator)
             flops = 2 * rows * out_features * in_features * copies
-
-            standard_seconds = median_seconds(functools.partial(apply_all, F.linear, inputs, weights), repeats)
-            onednn_seconds = median_seconds(functools.partial(apply_all, onednn_linear, inputs, weights), repeats)
             weight, bias = weights[0]
             exact = F.linear(inputs.double(), weight.double(), bias.double())
-            standard_error = (F.linear(inputs, weight, bias) - exact).abs().max().item()
-            onednn_error = (onednn_linear(inputs, weight, bias) - exact).abs().max().item()
-            print(
-                f"| {name} {out_features} x {in_features} | {rows} | {flops / standard_seconds / 1e9:.0f} | "
-                f"{flops / onednn_seconds / 1e9:.0f} | {standard_seconds / onednn_seconds:.2f}x | "
-                f"{standard_error:.1e} | {onednn_error:.1e} |"
-            )
+            speeds, errors = [], []
+            for kernel_name, prepare in kernels.items():
+                prepared = [prepare(weight, bias) for weight, bias in weights]
+                seconds = median_seconds(functools.partial(apply_all, prepared, inputs), repeats)
+                rates[kernel_name, rows, name] = flops / seconds
+                speeds.append(f"{flops / seconds / 1e9:.0f}")
+                errors.append(f"{(prepared[0](inputs) - exact).abs().max().item():.1e}")
+                del prepared
+            print(f"| {name} {out_features} x {in_features} | {rows} | {' | '.join(speeds)} | {' | '.join(errors)} |")
+    # The whole encoder's products at these rates: what any forward built on that kernel cannot beat.
+    per_layer = {"query/key/value/attention output": 4, "intermediate": 1, "output": 1}
+    tokens_times_layers = 8 * 128 * 12
+    flops = {
+        name: 2 * tokens_times_layers * count * math.prod(BERT_BASE_SHAPES[name]) for name, count in per_layer.items()
+    }
+    print(f"\nbert-base's 12 encoder layers, 8 x 128 tokens: {sum(flops.values()) / 1e9:.0f} GFLOP of linear layers,")
+    print("which take at the 1,024-row rates above:")
+    for kernel_name in kernels:
+        seconds = sum(amount / rates[kernel_name, 1024, name] for name, amount in flops.items())
+        print(f"  {kernel_name}: {seconds * 1e3:.0f} ms")
 
 
 def small_product_rows(repeats: int) -> None:
@@ -114,15 +161,43 @@ def attention_rows(repeats: int) -> None:
         print(f"| {name} | {milliseconds:.2f} | {error.max().item():.1e} | {error.mean().item():.1e} |")
 
 
+def int8_rows(repeats: int) -> None:
+    """hfbert's int8 product (activations quantized per token at every call) against its packed fp32 one."""
+    if not (hfbert.quantization.int8_available() and hfbert.linear.onednn_available()):
+        print("\nint8: not available on this CPU or torch build")
+        return
+    print("\n| int8, weight (out x in) | rows | int8 ms (with quantization) | packed fp32 ms | speed-up | int8 error |")
+    print("|---|---|---|---|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    for name, (out_features, in_features) in BERT_BASE_SHAPES.items():
+        weight = torch.randn(out_features, in_features, generator=generator) * 0.02
+        bias = torch.randn(out_features, generator=generator) * 0.02
+        quantized = hfbert.quantization.quantize_weight(weight, bias)
+        blocks = hfbert.linear.pack_weight(weight)
+        for rows in (16, 1024):
+            inputs = torch.randn(rows, in_features, generator=generator)
+            inputs[:, :4] *= 20  # outlier dimensions, as BERT's hidden states have
+            int8 = median_seconds(functools.partial(hfbert.quantization.int8_linear, inputs, quantized), repeats)
+            fp32 = median_seconds(functools.partial(hfbert.linear.packed_linear, inputs, blocks, bias), repeats)
+            exact = F.linear(inputs.double(), weight.double(), bias.double())
+            error = hfbert.quantization.int8_linear(inputs, quantized).double() - exact
+            relative = (error.square().mean() / exact.square().mean()).sqrt().item()
+            print(
+                f"| {name} {out_features} x {in_features} | {rows} | {int8 * 1e3:.3f} | {fp32 * 1e3:.3f} | "
+                f"{fp32 / int8:.2f}x | {100 * relative:.1f}% RMS |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="timed runs per kernel (median reported)")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{cpu_name()}, {instruction_set()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     with torch.inference_mode():
         linear_rows(args.repeats)
         small_product_rows(args.repeats)
         attention_rows(args.repeats)
+        int8_rows(args.repeats)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 "absolute" when absent: the converter asserts it, transformers 5's BertConfig no longer defines it),
                 Encoder with intra_threads = N, compute_type float32 or int8; it takes ragged token ids and pads
                 itself. Its instruction set and GEMM backend are its own choice (on AMD CPUs: AVX2, oneDNN), printed.
+                Imported with RTLD_DEEPBIND, so that it runs on its own OpenMP runtime (`import_ctranslate2`).
 Each engine's output on the dense batch and the first mixed batch is compared with transformers fp32 (the smallest
 cosine over real tokens, int8 rows included), so a fast but wrong engine shows in the table.
 

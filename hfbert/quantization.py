@@ -30,10 +30,15 @@ int16 (`vpmaddubsw`): 2 x 255 x 127 overflows it, and results go wrong by up to 
 product shows that, weights use [-63, 63] (2 x 255 x 63 fits), which costs less accuracy than 7-bit activations
 (fbgemm's and ONNX Runtime's `reduce_range`): all-MiniLM-L6-v2 embeddings, min cosine 0.989 against 0.975.
 
-Measured on AMD EPYC (AVX-512 with VNNI), one thread; "AVX2": the same CPU with oneDNN, MKL and ATen capped to
-AVX2 (`hfbert.cpu.CAPS`). Time per product including the activations' quantization; speedup over fp32 `F.linear`
-and over oneDNN's fp32 inner product with a prepacked weight; error: RMS against float64, relative to the output's
-RMS, on Gaussian inputs with 4 outlier dimensions 20x larger:
+Attention's query, key and value projections read the same hidden states: `int8_linears` quantizes them once for
+the three (`hfbert.linear.linears_of_one_input`).
+
+Measured on AMD EPYC (AVX-512 with VNNI), one thread, when this module was written (quantization since runs in
+place, a little faster; `python benchmarks/kernels.py` measures the current product on the machine at hand);
+"AVX2": the same CPU with oneDNN, MKL and ATen capped to AVX2 (`hfbert.cpu.CAPS`). Time per product including
+the activations' quantization; speedup over fp32 `F.linear` and over oneDNN's fp32 inner product with a prepacked
+weight; error: RMS against float64, relative to the output's RMS, on Gaussian inputs with 4 outlier dimensions 20x
+larger:
 
     rows x in -> out   AVX-512 (VNNI, 127 levels)               AVX2 (63 levels)
                        time     vs F.linear  vs oneDNN  error     time     vs F.linear  vs oneDNN  error
