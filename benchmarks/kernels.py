@@ -9,8 +9,8 @@ weights, hfbert's packed blocks, int8) and why bf16 attention stays on the flash
    the plain weight (hfbert's opt-in `onednn_linear`), on the weight packed once for the whole input width (what
    ONNX-exporting engines and torch.compile's freezing run), and packed in hfbert's blocks (what
    `hfbert.optimize_for_inference` runs); GFLOP/s and max abs error against float64. Then the time the whole
-   bert-base encoder's linear layers take at each kernel's rate for 8 x 128 tokens: a floor for any dense forward
-   built on that kernel.
+   bert-base encoder's linear layers take at each kernel's rates, for 8 x 128 and for 1 x 16 tokens: a floor for
+   any forward built on that kernel.
 2. Small products, one weight held in cache: the time of one call of each kernel, which shows oneDNN's fixed
    cost per call and where hfbert.linear's thresholds (MIN_ONEDNN_WEIGHTS, MIN_ONEDNN_MULTIPLY_ADDS) come from.
 3. bf16 attention, 8 x 12 heads x 128 x 64: the CPU flash kernel (`scaled_dot_product_attention`, what both
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -87,7 +86,7 @@ def linear_rows(repeats: int) -> None:
           f"{' | '.join(f'{name} error' for name in kernels)} |")  # fmt: skip
     print("|---|---|" + "---|" * 2 * len(kernels))
     generator = torch.Generator().manual_seed(0)
-    rates: dict[tuple[str, int, str], float] = {}
+    product_seconds: dict[str, dict[tuple[str, int], float]] = {kernel_name: {} for kernel_name in kernels}
     for name, (out_features, in_features) in BERT_BASE_SHAPES.items():
         copies = max(4, 200_000_000 // (out_features * in_features * 4))
         weights = [
@@ -106,22 +105,24 @@ def linear_rows(repeats: int) -> None:
             for kernel_name, prepare in kernels.items():
                 prepared = [prepare(weight, bias) for weight, bias in weights]
                 seconds = median_seconds(functools.partial(apply_all, prepared, inputs), repeats)
-                rates[kernel_name, rows, name] = flops / seconds
+                product_seconds[kernel_name][name, rows] = seconds / copies
                 speeds.append(f"{flops / seconds / 1e9:.0f}")
                 errors.append(f"{(prepared[0](inputs) - exact).abs().max().item():.1e}")
                 del prepared
             print(f"| {name} {out_features} x {in_features} | {rows} | {' | '.join(speeds)} | {' | '.join(errors)} |")
     # The whole encoder's products at these rates: what any forward built on that kernel cannot beat.
-    per_layer = {"query/key/value/attention output": 4, "intermediate": 1, "output": 1}
-    tokens_times_layers = 8 * 128 * 12
-    flops = {
-        name: 2 * tokens_times_layers * count * math.prod(BERT_BASE_SHAPES[name]) for name, count in per_layer.items()
-    }
-    print(f"\nbert-base's 12 encoder layers, 8 x 128 tokens: {sum(flops.values()) / 1e9:.0f} GFLOP of linear layers,")
-    print("which take at the 1,024-row rates above:")
-    for kernel_name in kernels:
-        seconds = sum(amount / rates[kernel_name, 1024, name] for name, amount in flops.items())
-        print(f"  {kernel_name}: {seconds * 1e3:.0f} ms")
+    print("\nbert-base's 12 encoder layers' linear layers (174 GFLOP for 8 x 128 tokens) at the rates above:")
+    for kernel_name, seconds in product_seconds.items():
+        dense, single = encoder_seconds(seconds, 1024), encoder_seconds(seconds, 16)
+        print(f"  {kernel_name}: {dense * 1e3:.0f} ms for 8 x 128 tokens, {single * 1e3:.1f} ms for 1 x 16")
+
+
+LAYER_PRODUCTS = {"query/key/value/attention output": 4, "intermediate": 1, "output": 1}  # per encoder layer
+
+
+def encoder_seconds(product_seconds: dict[tuple[str, int], float], rows: int, layers: int = 12) -> float:
+    """bert-base's encoder linear layers on `rows` tokens, from one product's time per (weight shape, rows)."""
+    return layers * sum(count * product_seconds[name, rows] for name, count in LAYER_PRODUCTS.items())
 
 
 def small_product_rows(repeats: int) -> None:
@@ -169,6 +170,7 @@ def int8_rows(repeats: int) -> None:
     print("\n| int8, weight (out x in) | rows | int8 ms (with quantization) | packed fp32 ms | speed-up | int8 error |")
     print("|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
+    seconds: dict[tuple[str, int], float] = {}
     for name, (out_features, in_features) in BERT_BASE_SHAPES.items():
         weight = torch.randn(out_features, in_features, generator=generator) * 0.02
         bias = torch.randn(out_features, generator=generator) * 0.02
@@ -186,6 +188,10 @@ def int8_rows(repeats: int) -> None:
                 f"| {name} {out_features} x {in_features} | {rows} | {int8 * 1e3:.3f} | {fp32 * 1e3:.3f} | "
                 f"{fp32 / int8:.2f}x | {100 * relative:.1f}% RMS |"
             )
+            seconds[name, rows] = int8
+    dense, single = encoder_seconds(seconds, 1024), encoder_seconds(seconds, 16)
+    print(f"\nbert-base's 12 encoder layers' linear layers in int8: {dense * 1e3:.0f} ms for 8 x 128 tokens, "
+          f"{single * 1e3:.1f} ms for 1 x 16 (each product quantizing its own input)")  # fmt: skip
 
 
 def main() -> None:
