@@ -32,15 +32,11 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _OWNER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
 
 
+@functools.cache  # once per process, as the setting is
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed blocks up to KEPT_BYTES for reuse (see the module docstring). True where
     the thresholds are set (now or by an earlier call); False where this process's malloc is not glibc's or its
     owner already chose."""
-    return _set_thresholds()
-
-
-@functools.cache
-def _set_thresholds() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     if any(os.environ.get(name) for name in _OWNER_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):

@@ -13,11 +13,14 @@ one machine tests the kernels an older CPU would run (benchmarks/numerical_contr
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import torch
 
 CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+# Where torch's private oneDNN ops (packed fp32, int8) were measured and are used; elsewhere (ARM) F.linear.
+X86 = platform.machine().lower() in ("x86_64", "amd64", "x64")
 
 
 def cpu_flags() -> set[str]:

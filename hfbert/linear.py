@@ -27,7 +27,6 @@ layers (LoRA, quantizers) see no difference.
 from __future__ import annotations
 
 import functools
-import platform
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -37,17 +36,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hfbert.cpu import X86, bfloat16_native
 from hfbert.quantization import dequantize_weight, int8_available, int8_linear, int8_linears, quantize_weight
 
 # A private op of torch, so look it up defensively: without it, F.linear everywhere. Only on x86, where it was
 # measured (AVX-512, and AVX2 by capping oneDNN's and MKL's instruction sets: 0.93-1.28x); elsewhere (ARM) F.linear.
-_x86 = platform.machine().lower() in ("x86_64", "amd64", "x64")
 _inner_product = (
-    getattr(torch.ops.mkldnn, "_linear_pointwise", None) if _x86 and torch.backends.mkldnn.is_available() else None
+    getattr(torch.ops.mkldnn, "_linear_pointwise", None) if X86 and torch.backends.mkldnn.is_available() else None
 )
-_bfloat16_native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
 # fp32 always; bf16 only where the CPU computes it natively (elsewhere oneDNN would emulate it slowly).
-_ONEDNN_DTYPES = () if _inner_product is None else (torch.float32,) + ((torch.bfloat16,) if _bfloat16_native else ())
+_ONEDNN_DTYPES = () if _inner_product is None else (torch.float32,) + ((torch.bfloat16,) if bfloat16_native() else ())
 KERNELS = ("standard", "onednn")
 _kernel = "standard"  # process-wide, like torch's own backend flags
 
@@ -384,8 +382,7 @@ def _called_plainly(layer: nn.Module) -> bool:
     """Whether calling `layer` runs its forward and nothing else: no hook on it, nor on every module."""
     hooks = (layer._forward_pre_hooks, layer._forward_hooks, layer._backward_pre_hooks, layer._backward_hooks)
     global_hooks = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks")
-    module = sys.modules[nn.Module.__module__]
-    return not any(hooks) and not any(getattr(module, name, None) for name in global_hooks)
+    return not any(hooks) and not any(getattr(torch.nn.modules.module, name, None) for name in global_hooks)
 
 
 def _runs_packed(input: Tensor, bias: Tensor | None, dtype: torch.dtype) -> bool:

@@ -71,17 +71,17 @@ gains little (min 0.992-0.996), so every linear layer of the encoder is quantize
 from __future__ import annotations
 
 import functools
-import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from hfbert.cpu import X86
+
 # Private ops of torch, looked up defensively: without them int8 is unavailable and hfbert stays fp32.
-_x86 = platform.machine().lower() in ("x86_64", "amd64", "x64")
-_prepack = getattr(torch.ops.onednn, "qlinear_prepack", None) if _x86 else None
-_int8_product = getattr(torch.ops.onednn, "qlinear_pointwise", None) if _x86 else None
+_prepack = getattr(torch.ops.onednn, "qlinear_prepack", None) if X86 else None
+_int8_product = getattr(torch.ops.onednn, "qlinear_pointwise", None) if X86 else None
 
 _TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row: any positive value quantizes it to zeros
 
