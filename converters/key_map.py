@@ -30,11 +30,18 @@ RENAMED_SUFFIXES = {
     ".LayerNorm.beta": ".LayerNorm.bias",
 }
 # Task heads, by the prefix of their tensors -> what they are (shown in the load report when skipped).
+MLM_HEAD, NSP_HEAD, CLASSIFIER_HEAD, QA_HEAD = "cls.predictions.", "cls.seq_relationship.", "classifier.", "qa_outputs."
 HEADS = {
-    "cls.predictions.": "masked-LM pre-training head",
-    "cls.seq_relationship.": "next-sentence pre-training head",
-    "classifier.": "classification head",
-    "qa_outputs.": "question-answering head",
+    MLM_HEAD: "masked-LM pre-training head",
+    NSP_HEAD: "next-sentence pre-training head",
+    CLASSIFIER_HEAD: "classification head",
+    QA_HEAD: "question-answering head",
+}
+# The masked-LM decoder is tied (the same tensor) to these backbone-relative names; transformers stores neither
+# tied copy, and a decoder stored equal to its source is the tie written out.
+TIED_DECODER = {
+    MLM_HEAD + "decoder.weight": "embeddings.word_embeddings.weight",
+    MLM_HEAD + "decoder.bias": MLM_HEAD + "bias",
 }
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,
 # that value for a given max_position_embeddings).
@@ -81,8 +88,8 @@ def head_of(normalized: str) -> str | None:
 
 
 def map_key(name: str, model_heads: tuple[str, ...] = (), base_prefix: str = "") -> MappedKey:
-    """Map one checkpoint tensor name to a parameter name of a model that has `model_heads` (`HEADS` prefixes)
-    and keeps its backbone under `base_prefix`.
+    """Map one checkpoint tensor name to a parameter name of a model that has `model_heads` (`HEADS` prefixes, or
+    the prefixes of a user's own head modules) and keeps its backbone under `base_prefix`.
 
     >>> map_key("bert.embeddings.LayerNorm.gamma").target
     'embeddings.LayerNorm.weight'
@@ -92,7 +99,7 @@ def map_key(name: str, model_heads: tuple[str, ...] = (), base_prefix: str = "")
     'loaded'
     """
     key = normalize_name(name)
-    head = head_of(key)
+    head = next((prefix for prefix in model_heads if key.startswith(prefix)), None) or head_of(key)
     if head is not None and head not in model_heads:
         return MappedKey(name, None, "ignored", f"{HEADS[head]}; the model has no such head")
     if key in LEGACY_BUFFERS:

@@ -26,13 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from converters.checkpoint_files import CheckpointTensors, read_checkpoint
+from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.key_map import check_legacy_buffer, map_key, normalize_name
 from converters.load_report import LoadReport
-
-# The dtypes BERT's kernels run in; fp8 / fp4 storage would load into a model that cannot run.
-PARAMETER_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def load_pretrained(
@@ -45,40 +43,48 @@ def load_pretrained(
     attn_implementation: str = "sdpa",
     strict: bool = True,
     output_loading_info: bool = False,
+    config: Any = None,
+    model_args: tuple[Any, ...] = (),
     **kwargs: Any,
 ) -> nn.Module | tuple[nn.Module, dict[str, Any]]:
-    """See `BertPreTrainedModel.from_pretrained`. `kwargs` that name config fields override config.json (e.g.
-    `num_labels=3`); the rest go to the model's constructor (e.g. `add_pooling_layer=False`)."""
-    from hfbert.config import BertConfig
-
+    """See `BertPreTrainedModel.from_pretrained`. `config` (a config object) replaces config.json, as in
+    transformers; `kwargs` that name config fields override it (e.g. `num_labels=3`); `model_args` and the other
+    kwargs go to the model's constructor (e.g. `add_pooling_layer=False`). The attention implementation is set on
+    the config (`config._attn_implementation`), where every model reads it, not passed to the constructor."""
+    config_class = model_class.config_class
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype={dtype} is not a floating-point dtype")
     directory = resolve_checkpoint(path_or_repo_id, revision)
-    config = BertConfig.from_json_file(directory / CONFIG_FILE)
-    config_fields = {field.name for field in dataclasses.fields(BertConfig)}
+    if config is None:
+        config = config_class.from_json_file(directory / CONFIG_FILE)
+    else:  # a copy, as transformers makes: the caller's object is never changed by the load
+        config = config_class.from_dict(config_values(config), source=f"{directory / CONFIG_FILE} (config=)")
+    config_fields = {field.name for field in dataclasses.fields(config_class)}
     overrides = {key: value for key, value in kwargs.items() if key in config_fields}
     if overrides:
         values = config.to_dict()
         if "num_labels" in overrides and "id2label" not in overrides:
             values.pop("id2label", None), values.pop("label2id", None)
-        config = BertConfig.from_dict({**values, **overrides}, source=config.source)
+        config = config_class.from_dict({**values, **overrides}, source=config.source)
     checkpoint = read_checkpoint(directory)
     constructor_kwargs = {key: value for key, value in kwargs.items() if key not in config_fields}
     with torch.device("meta"), skipped_initialisation():
-        model = model_class(config, attn_implementation=attn_implementation, **constructor_kwargs)
+        config._attn_implementation = attn_implementation
+        model = model_class(config, *model_args, **constructor_kwargs)
 
     tied = model.tied_weights()
+    heads = model_heads(model)
     expected_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
     state, report = match_checkpoint(
         checkpoint,
         expected_shapes,
         config.max_position_embeddings,
         str(directory),
-        model.heads,
+        heads,
         model.base_prefix,
         tied,
     )
-    new_head = _new_head_parameters(report, model.heads)
+    new_head = _new_head_parameters(report, heads)
     for name in new_head:
         report.missing.remove(name)
         report.new_head.append(name)
@@ -90,7 +96,8 @@ def load_pretrained(
     reinitialised = report.missing + [name for name, _, _ in report.mismatched]
     check_initialised_size({name: expected_shapes[name] for name in new_head + reinitialised}, checkpoint, directory)
     for name in new_head + reinitialised:
-        state[name] = initial_value(name, expected_shapes[name], config)
+        owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        state[name] = initial_value(name, expected_shapes[name], config, owner)
     report.initialized.extend(reinitialised)
 
     dtype = dtype or _stored_dtype(state, checkpoint)
@@ -177,7 +184,7 @@ def match_checkpoint(
         if tensor.dtype not in PARAMETER_DTYPES:
             raise CheckpointError(
                 f"{file}: tensor '{name}' has dtype {tensor.dtype}; parameters must be one of "
-                f"{', '.join(str(dtype).removeprefix('torch.') for dtype in PARAMETER_DTYPES)}"
+                f"{', '.join(dtype_name(dtype) for dtype in PARAMETER_DTYPES)}"
             )
         problem = non_finite(tensor)
         if problem:
@@ -240,6 +247,25 @@ def check_initialised_size(
     )
 
 
+def config_values(config: Any) -> dict[str, Any]:
+    """config.json's contents from a config object: hfbert's `BertConfig` or transformers' (anything with
+    `to_dict()`)."""
+    if not callable(getattr(config, "to_dict", None)):
+        raise TypeError(f"config must be a BertConfig (or a transformers config), not {type(config).__name__}")
+    # Keys with a leading underscore are runtime state of transformers' configs, never config.json fields.
+    return {key: value for key, value in config.to_dict().items() if not key.startswith("_")}
+
+
+def model_heads(model: nn.Module) -> tuple[str, ...]:
+    """The head prefixes a model loads: its declared `heads`, or, for a task model of the user's own (a subclass
+    of `BertPreTrainedModel` written the transformers way, with the encoder at `bert` and no `heads`), the
+    prefix of every other top-level submodule."""
+    if model.heads or not model.base_prefix:
+        return model.heads
+    backbone = model.base_prefix.removesuffix(".")
+    return tuple(f"{name}." for name, _ in model.named_children() if name != backbone)
+
+
 def _new_head_parameters(report: LoadReport, model_heads: tuple[str, ...]) -> list[str]:
     """Missing parameters of heads the checkpoint has no tensor of at all (initialised, not an error)."""
     present = report.loaded + [name for name, _, _ in report.mismatched]
@@ -250,15 +276,19 @@ def _new_head_parameters(report: LoadReport, model_heads: tuple[str, ...]) -> li
     return new
 
 
-def initial_value(name: str, shape: tuple[int, ...], config: Any) -> Tensor:
-    """transformers' initialisation for a parameter the checkpoint lacks."""
-    if name.endswith("LayerNorm.weight"):
+def initial_value(name: str, shape: tuple[int, ...], config: Any, module: nn.Module | None = None) -> Tensor:
+    """transformers' initialisation for a parameter the checkpoint lacks, by the kind of module that owns it (a
+    user's own head may name its LayerNorm anything): LayerNorm weights one, biases zero, everything else
+    normal(0, initializer_range), with an embedding's padding row zero."""
+    is_norm = isinstance(module, nn.LayerNorm) or (module is None and name.endswith("LayerNorm.weight"))
+    if is_norm and name.endswith("weight"):
         return torch.ones(shape)
     if name.endswith("bias"):
         return torch.zeros(shape)
     value = torch.empty(shape).normal_(mean=0.0, std=config.initializer_range)
-    if name.endswith("embeddings.word_embeddings.weight") and config.pad_token_id is not None:
-        value[config.pad_token_id] = 0.0
+    padding_row = module.padding_idx if isinstance(module, nn.Embedding) else None
+    if padding_row is not None:
+        value[padding_row] = 0.0
     return value
 
 

@@ -9,29 +9,41 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
-from converters.convert import copy_tokenizer_files
+from converters.dtypes import dtype_name
 from converters.hub import CONFIG_FILE
-from converters.writing import atomic_directory, write_pickle, write_safetensors
+from converters.writing import atomic_directory, copy_tokenizer_files, write_pickle, write_safetensors
 
 
 def save_model(
-    model: nn.Module, save_directory: str | os.PathLike, *, safe_serialization: bool = True, max_shard_size: str | int
+    model: nn.Module,
+    save_directory: str | os.PathLike,
+    *,
+    safe_serialization: bool = True,
+    max_shard_size: str | int,
+    state_dict: dict[str, Tensor] | None = None,
+    save_function: Callable[[Any, Path], Any] | None = None,
 ) -> list[str]:
+    """Write `model` (or `state_dict`, named as `model.state_dict()` names it) and its config; returns the names of
+    the files written. `save_function(obj, path)` writes the legacy `.bin` (default `torch.save`)."""
     destination = Path(save_directory)
     tied = model.tied_weights()
-    tensors = {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
+    if state_dict is None:
+        state_dict = model.state_dict()
+    tensors = {name: tensor for name, tensor in state_dict.items() if name not in tied}
     config = model.config.to_dict()
     config["architectures"] = [type(model).__name__]
-    config["dtype"] = str(model.dtype).removeprefix("torch.")
+    config["dtype"] = dtype_name(model.dtype)
     with atomic_directory(destination, replace_files=True) as temporary:
         if safe_serialization:
             written = write_safetensors(tensors, temporary, max_shard_size)
         else:
-            written = write_pickle(tensors, temporary)
+            written = write_pickle(tensors, temporary, save_function)
         (temporary / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         written.append(CONFIG_FILE)
         if model.name_or_path and Path(model.name_or_path).is_dir():

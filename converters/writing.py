@@ -10,16 +10,18 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from converters.atomic_write import temporary_sibling
 from converters.checkpoint_files import PICKLE_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX
-from hfbert.atomic_write import temporary_sibling
+from converters.hub import TOKENIZER_FILES
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -74,9 +76,12 @@ def write_safetensors(tensors: dict[str, Tensor], directory: Path, max_shard_siz
     return [*names, SAFETENSORS_INDEX]
 
 
-def write_pickle(tensors: dict[str, Tensor], directory: Path) -> list[str]:
-    """The legacy `pytorch_model.bin` (plain tensors only, so `torch.load(weights_only=True)` reads it)."""
-    torch.save(
+def write_pickle(
+    tensors: dict[str, Tensor], directory: Path, save: Callable[[Any, Path], Any] | None = None
+) -> list[str]:
+    """The legacy `pytorch_model.bin` (plain tensors only, so `torch.load(weights_only=True)` reads it), written by
+    `save(obj, path)` (default `torch.save`; accelerate passes its own)."""
+    (save or torch.save)(
         {name: tensor.detach().contiguous().clone() for name, tensor in tensors.items()}, directory / PICKLE_FILE
     )
     return [PICKLE_FILE]
@@ -92,7 +97,7 @@ def atomic_directory(destination: Path, *, replace_files: bool = False) -> Itera
     removed afterwards, so old shards never mix with new ones.
     """
     # Beside the destination, named after this process: a run killed by SIGKILL leaves it behind, and the next
-    # write to this destination removes it (hfbert.atomic_write.remove_leftovers).
+    # write to this destination removes it (converters.atomic_write.remove_leftovers).
     temporary = temporary_sibling(destination, directory=True)
     try:
         yield temporary
@@ -111,3 +116,11 @@ def atomic_directory(destination: Path, *, replace_files: bool = False) -> Itera
                 stale.unlink()
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
+
+
+def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
+    """Copy the tokenizer files `source` has into `destination`; returns their names."""
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, destination / name)
+    return copied

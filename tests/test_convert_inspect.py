@@ -12,9 +12,9 @@ import torch
 
 import hfbert
 from converters import writing
-from converters.convert import convert
+from hfbert.tools.convert import convert
 
-from conftest import max_difference, minilm_directory
+from support.helpers import max_difference, minilm_directory
 
 IDS = torch.tensor([[101, 7592, 1010, 2088, 999, 102]])
 

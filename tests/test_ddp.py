@@ -94,7 +94,7 @@ def collate(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def randomize(model: nn.Module, seed: int) -> None:
-    """Large-ish random weights (as conftest does), so that wrong gradients show."""
+    """Large-ish random weights (as support.helpers.randomize_weights does), so that wrong gradients show."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

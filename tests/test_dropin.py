@@ -13,7 +13,7 @@ import torch
 import hfbert
 from converters import CheckpointError
 
-from conftest import HEAD_CLASSES, max_difference, randomize_weights
+from support.helpers import HEAD_CLASSES, max_difference, randomize_weights
 
 # transformers' BertModelTester config (tests/models/bert/test_modeling_bert.py), dropout off so runs compare.
 TESTER_CONFIG = dict(

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from hfbert.cli import main
-from hfbert.parity import default_texts
+from hfbert.tools.parity import default_texts
 
-from conftest import minilm_directory
+from support.helpers import minilm_directory
 
 COSINE = 0.99999
 TEXT_COUNT = 300

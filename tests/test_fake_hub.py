@@ -1,4 +1,4 @@
-"""The fake Hub (tests/fake_hub.py) speaks enough of the protocol for the real huggingface_hub client.
+"""The fake Hub (tests/support/fake_hub.py) speaks enough of the protocol for the real huggingface_hub client.
 
 huggingface_hub reads HF_ENDPOINT and its other variables at import, so each case runs the client in a fresh process.
 """
@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_hub import FakeHub
+
+from support.fake_hub import FakeHub
 
 REPO = "hfbert-tests/tiny"
 OLD, NEW = "1" * 40, "2" * 40

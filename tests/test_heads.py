@@ -7,7 +7,7 @@ import torch
 
 import hfbert
 
-from conftest import HEAD_CLASSES, SMALL_CONFIG, max_difference, randomize_weights
+from support.helpers import HEAD_CLASSES, SMALL_CONFIG, max_difference, randomize_weights
 
 TOLERANCE = 1e-5
 CONFIG = dict(SMALL_CONFIG, type_vocab_size=2, num_labels=3)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conftest import minilm_directory
+from support.helpers import minilm_directory
 
 REPO_ID = "hfbert-tests/minilm"
 MAIN_SHA = "a" * 40

@@ -1,6 +1,6 @@
 """`hfbert download` and Hub repo ids, with the real huggingface_hub client against a Hub on 127.0.0.1.
 
-tests/fake_hub.py serves the parts of the Hub protocol the client uses. Each client call runs in a fresh
+tests/support/fake_hub.py serves the parts of the Hub protocol the client uses. Each client call runs in a fresh
 process, because huggingface_hub reads HF_ENDPOINT and HF_HUB_OFFLINE when it is imported.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_hub import FakeHub
 
-from checkpoints import REFERENCE
-from conftest import minilm_directory
+from support.checkpoints import REFERENCE
+from support.fake_hub import FakeHub
+from support.helpers import minilm_directory
 
 REPO = "google-bert/bert-base-uncased"
 SHA_MAIN = "1" * 40

@@ -1,7 +1,8 @@
-"""`hfbert.optimize_for_inference`: weights packed once for oneDNN, one copy in memory, and everything that reads
-or changes the weights (state_dict, save_pretrained, load_state_dict, train, .to, pickling, gradients) still sees
-the original values bit for bit. Accuracy of the packed path against float64 is in test_linear.py (default and
-packed share one test, on this CPU's instruction set and capped to AVX2); its speed is benchmarks/peers.py's.
+"""`hfbert.optimize_for_inference`: linear layers swapped from outside for packed ones, one copy in memory, and
+everything that reads or changes the weights (parameters, optimizers, state_dict, save_pretrained, load_state_dict,
+train, .to, pickling, gradients, torch.compile) still sees the original parameters, bit for bit. Accuracy of the
+packed path against float64 is in test_linear.py (default and packed share one test, on this CPU's instruction set
+and capped to AVX2); its speed is benchmarks/peers.py's.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import torch
 from safetensors.torch import load_file
 
 import hfbert
-import hfbert.cpu
+import hfbert.modeling.cpu
 from hfbert.inference import packed_layers
-from hfbert.linear import PackedWeightError, onednn_available
+from hfbert.inference.packed import PackedLinear, packing_supported
 
-packs = pytest.mark.skipif(not onednn_available(), reason="this torch build or CPU has no oneDNN to pack for")
+packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 
 
 def file_tensors(directory) -> dict[str, torch.Tensor]:
@@ -41,21 +42,53 @@ def packed_model(bert_base_safetensors_dir) -> hfbert.BertModel:
     return hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
 
 
+def test_a_built_model_is_plain_pytorch():
+    """Every leaf module of a fresh model and of every head is torch's own: the speed work lives outside."""
+    config = hfbert.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=37)
+    torch_leaves = (torch.nn.Linear, torch.nn.LayerNorm, torch.nn.Embedding, torch.nn.Dropout)
+    for model_class in (hfbert.BertModel, hfbert.BertForPreTraining, hfbert.BertForQuestionAnswering):
+        model = model_class(config)
+        leaves = [module for module in model.modules() if not list(module.children())]
+        assert leaves and all(type(module) in torch_leaves for module in leaves), model_class
+
+
 @packs
-def test_every_encoder_and_pooler_linear_is_packed_and_holds_one_copy(packed_model):
+def test_every_encoder_and_pooler_linear_is_swapped_and_packed(packed_model):
     layers = packed_layers(packed_model)
     assert len(layers) == 12 * 6 + 1 and set(layers.values()) == {"packed"}
     for name in layers:
         layer = packed_model.get_submodule(name)
-        assert "weight" not in layer._parameters  # the packed blocks are the only copy
-        assert all(block.is_mkldnn for block in layer.packed_weight)
+        assert isinstance(layer, PackedLinear) and isinstance(layer, torch.nn.Linear) and layer.is_current
+        assert all(block.is_mkldnn for block in layer._form)
     assert not packed_model.training
 
 
 @packs
-def test_reading_a_packed_weight_fails_loudly(packed_model):
-    with pytest.raises(PackedWeightError, match=r"packed for inference.*unpack\(\)"):
-        packed_model.encoder.layer[0].intermediate.dense.weight  # noqa: B018
+def test_optimizing_keeps_the_parameters_an_optimizer_holds(bert_base_safetensors_dir):
+    """The same Parameter objects, the same requires_grad flags, the real count; and after model.train() an
+    optimizer made before optimize_for_inference trains every weight, as it trains transformers'."""
+    import transformers
+
+    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
+    model.embeddings.requires_grad_(False)
+    model.encoder.layer[0].attention.self.query.weight.requires_grad_(False)
+    before = dict(model.named_parameters())
+    flags = {name: parameter.requires_grad for name, parameter in before.items()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    hfbert.optimize_for_inference(model)
+    after = dict(model.named_parameters())
+    assert list(after) == list(before) and all(after[name] is before[name] for name in before)
+    assert {name: parameter.requires_grad for name, parameter in after.items()} == flags
+    reference = transformers.BertModel.from_pretrained(bert_base_safetensors_dir)
+    assert model.num_parameters() == reference.num_parameters()
+    assert model.num_parameters(only_trainable=True) == sum(p.numel() for p in after.values() if p.requires_grad)
+    model.train()
+    snapshot = {name: parameter.detach().clone() for name, parameter in after.items()}
+    model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state.square().mean().backward()
+    optimizer.step()
+    changed = {name for name, parameter in model.named_parameters() if not torch.equal(parameter, snapshot[name])}
+    linear_weights = {name for name in flags if name.startswith("encoder.") and name.endswith("dense.weight")}
+    assert linear_weights <= changed <= {name for name, trainable in flags.items() if trainable}
 
 
 @packs
@@ -72,25 +105,47 @@ def test_state_dict_and_save_pretrained_give_the_checkpoint(packed_model, bert_b
 
 
 @packs
-def test_train_and_restore_weights_bring_back_the_plain_parameters(packed_model, bert_base_safetensors_dir):
-    import transformers
-
+def test_train_and_restore_weights_give_the_plain_parameters(packed_model, bert_base_safetensors_dir):
     stored = file_tensors(bert_base_safetensors_dir)
     packed_model.train()
-    assert not packed_layers(packed_model)
     parameters = dict(packed_model.named_parameters())
     assert all(torch.equal(parameter, stored[name]) for name, parameter in parameters.items())
     assert all(parameter.requires_grad for parameter in parameters.values())
-    reference = transformers.BertModel.from_pretrained(bert_base_safetensors_dir)
-    assert packed_model.num_parameters() == reference.num_parameters()
-    hfbert.optimize_for_inference(packed_model)
     hfbert.restore_weights(packed_model)
+    assert not packed_layers(packed_model)
+    assert all(type(module) is not PackedLinear for module in packed_model.modules())
     assert all(torch.equal(p, stored[name]) for name, p in packed_model.named_parameters())
+    assert all(packed_model.get_parameter(name) is parameter for name, parameter in parameters.items())
+
+
+@packs
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_torch_compile_of_an_optimized_model_runs_and_matches_transformers(backend):
+    """Compiled, the swapped layers run F.linear on their parameters (the oneDNN ops are invisible to compilers)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)))
+    reference = transformers.BertModel(transformers.BertConfig(num_hidden_layers=1)).eval()
+    reference.load_state_dict(model.state_dict())
+    inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 2003, 102]]))
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+        compiled = torch.compile(model, backend=backend)(**inputs).last_hidden_state
+    assert (compiled - expected).abs().max() <= 1e-4
+
+
+def test_a_refused_optimization_changes_nothing():
+    model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)).train()
+    modules = list(model.modules())
+    with pytest.raises(ValueError, match="quantize must be None or one of int8, not 'int4'"):
+        hfbert.optimize_for_inference(model, quantize="int4")
+    assert model.training and list(model.modules()) == modules
 
 
 @packs
 def test_load_state_dict_repacks_the_new_values(bert_base_safetensors_dir, tmp_path):
-    from checkpoints import write_bert_base_layout
+    from support.checkpoints import write_bert_base_layout
 
     other = write_bert_base_layout(tmp_path, seed=1)
     model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
@@ -137,11 +192,6 @@ def test_gradients_through_a_packed_model_match_transformers(packed_model, bert_
     assert (ours - theirs).abs().max() <= 1e-5 * theirs.abs().max()
 
 
-def test_unknown_quantization_is_refused():
-    with pytest.raises(ValueError, match="quantize must be None or one of int8, not 'int4'"):
-        hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int4")
-
-
 @packs
 def test_the_tied_decoder_and_small_heads_stay_plain(bert_base_safetensors_dir):
     model = hfbert.optimize_for_inference(hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir))
@@ -151,7 +201,7 @@ def test_the_tied_decoder_and_small_heads_stay_plain(bert_base_safetensors_dir):
     assert "classifier" not in packed_layers(classifier) and "bert.pooler.dense" in packed_layers(classifier)
 
 
-@pytest.mark.skipif("avx2" not in hfbert.cpu.cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap")
+@pytest.mark.skipif("avx2" not in hfbert.modeling.cpu.cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap")
 def test_bfloat16_warns_once_where_the_cpu_emulates_it():
     script = (
         "import warnings, torch, hfbert\n"
@@ -170,7 +220,7 @@ def test_bfloat16_warns_once_where_the_cpu_emulates_it():
 
 
 def test_bfloat16_does_not_warn_where_the_cpu_computes_it():
-    if not hfbert.cpu.bfloat16_native():
+    if not hfbert.modeling.cpu.bfloat16_native():
         pytest.skip("this CPU emulates bf16: the warning is right here")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -180,7 +230,7 @@ def test_bfloat16_does_not_warn_where_the_cpu_computes_it():
 def _environment() -> dict[str, str]:
     import os
 
-    return {key: value for key, value in os.environ.items() if key not in hfbert.cpu.CAPS}
+    return {key: value for key, value in os.environ.items() if key not in hfbert.modeling.cpu.CAPS}
 
 
 PEAK_MEMORY = """
@@ -247,7 +297,7 @@ def test_optimize_for_inference_keeps_freed_activations_instead_of_faulting_them
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="keep_freed_memory sets glibc's malloc only")
 def test_malloc_settings_of_the_process_owner_win():
-    script = "from hfbert.allocator import keep_freed_memory; print(keep_freed_memory())"
+    script = "from hfbert.inference.allocator import keep_freed_memory; print(keep_freed_memory())"
     environment = {**_environment(), "MALLOC_TRIM_THRESHOLD_": "131072"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,11 +1,10 @@
-"""The linear kernels (`hfbert/linear.py`): which one runs by default, when the opt-in oneDNN kernel runs and when
-it must not, and how accurate the default is against exact arithmetic.
+"""`PackedLinear` (`hfbert/inference/packed.py`), the layer `hfbert.optimize_for_inference` swaps in: when its
+oneDNN kernel runs and when it must not, and how accurate the model is against exact arithmetic, plain and packed.
 
-The default (`F.linear`, transformers' kernel) must keep hfbert's fp32 error against float64 within 1.5x of
-transformers' own (RMS, every hidden state; conftest.Accuracy) on all-MiniLM-L6-v2, the bert-base layout and the
-same with outlier dimensions, padded and padding-free, on this CPU's instruction set and, in a subprocess with
-oneDNN, MKL and ATen capped, on AVX2. oneDNN's inner product misses that bar (1.7x on AVX-512, 2.0x on AVX2 on the
-bert-base layout: benchmarks/numerical_contract.py), so it is opt-in.
+The plain model (`nn.Linear`, transformers' kernel) and the packed one must keep hfbert's fp32 error against float64
+within 1.5x of transformers' own (RMS, every hidden state; support.helpers.Accuracy) on all-MiniLM-L6-v2, the
+bert-base layout and the same with outlier dimensions, padded and padding-free, on this CPU's instruction set and,
+in a subprocess with oneDNN, MKL and ATen capped, on AVX2.
 """
 
 from __future__ import annotations
@@ -23,23 +22,14 @@ from torch.profiler import ProfilerActivity, profile
 
 import hfbert
 import hfbert.inference
-import hfbert.linear
-from hfbert.cpu import cpu_flags
-from hfbert.linear import Linear, inference_kernel, onednn_available, onednn_linear, standard_linear
+from hfbert.inference.packed import PackedLinear, packing_supported
+from hfbert.modeling.cpu import cpu_flags
 
-from checkpoints import write_bert_base_layout
-from conftest import Accuracy, make_batches, minilm_directory
+from support.checkpoints import write_bert_base_layout
+from support.helpers import Accuracy, make_batches, minilm_directory
 
-onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build or CPU has no oneDNN linear kernel")
+packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def onednn_kernel():
-    with onednn_linear():
-        yield
-
-
 ONEDNN_OP = "mkldnn::_linear_pointwise"
 
 
@@ -49,45 +39,44 @@ def operators(function) -> list[str]:
     return [event.name for event in profiler.events()]
 
 
-def test_the_default_is_transformers_kernel_and_onednn_is_opt_in():
-    assert inference_kernel("cpu", torch.float32) == "F.linear"
-    with pytest.raises(ValueError, match="linear kernel must be one of standard, onednn, not 'fast'"):
-        hfbert.linear.set_linear_kernel("fast")
+def packed_pair(features=(768, 768)) -> tuple[torch.nn.Linear, PackedLinear]:
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(*features)
+    layer = torch.nn.Linear(*features)
+    layer.load_state_dict(reference.state_dict())
+    return reference, PackedLinear.from_linear(layer)
 
 
-@onednn
-def test_onednn_runs_only_when_asked_for(bert_base_safetensors_dir):
-    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)  # 768 x 768 and up: oneDNN at any length
+def test_a_built_model_runs_f_linear_only(bert_base_safetensors_dir):
+    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]]))
     inputs["attention_mask"] = (inputs["input_ids"] != 0).long()
     linear_layers = 6 * model.config.num_hidden_layers + 1  # q, k, v, attention output, intermediate, output; pooler
     with torch.no_grad():
-        default = operators(lambda: model(**inputs))
-        assert ONEDNN_OP not in default and default.count("aten::linear") == linear_layers
-        with onednn_linear():
-            assert inference_kernel("cpu", torch.float32) == "oneDNN"
-            assert operators(lambda: model(**inputs)).count(ONEDNN_OP) == linear_layers
-            with standard_linear():
-                assert ONEDNN_OP not in operators(lambda: model(**inputs))
-            assert operators(lambda: model(**inputs)).count(ONEDNN_OP) == linear_layers  # switched back on
-        assert ONEDNN_OP not in operators(lambda: model(**inputs))  # and back to the default
+        ran = operators(lambda: model(**inputs))
+    assert ONEDNN_OP not in ran and ran.count("aten::linear") == linear_layers
 
 
-@onednn
-@pytest.mark.usefixtures("onednn_kernel")
+@packs
+def test_a_packed_model_runs_onednn_in_every_large_layer(bert_base_safetensors_dir):
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+    inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102]]))
+    with torch.no_grad():
+        ran = operators(lambda: model(**inputs))
+    assert "aten::linear" not in ran and ran.count(ONEDNN_OP) >= 6 * model.config.num_hidden_layers + 1
+
+
+@packs
 @pytest.mark.parametrize(
     "trained", [("weight", "bias"), ("bias",), ()], ids=["all parameters", "bias only (BitFit)", "input only"]
 )
 def test_every_gradient_takes_the_standard_kernel(trained):
     """The oneDNN op has no backward: whichever tensor wants a gradient, the call must go through F.linear and
     give torch's own gradients."""
-    torch.manual_seed(0)
-    reference = torch.nn.Linear(768, 768)
-    layer = Linear(768, 768)
-    layer.load_state_dict(reference.state_dict())
+    reference, layer = packed_pair()
     inputs = torch.randn(3, 768)
     with torch.no_grad():
-        assert ONEDNN_OP in operators(lambda: layer(inputs))  # without gradients this layer would run oneDNN
+        assert ONEDNN_OP in operators(lambda: layer(inputs))  # without gradients this layer runs oneDNN
     for name, parameter in layer.named_parameters():
         parameter.requires_grad_(name in trained)
     inputs.requires_grad_(not trained)
@@ -103,22 +92,21 @@ def test_every_gradient_takes_the_standard_kernel(trained):
         assert torch.equal(inputs.grad, reference_inputs.grad)
 
 
-@onednn
-@pytest.mark.usefixtures("onednn_kernel")
+@packs
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_dtypes_without_the_kernel_take_f_linear(dtype):
-    layer = Linear(768, 768).to(dtype)
+    _, layer = packed_pair()
+    layer.to(dtype)
     inputs = torch.randn(3, 768, dtype=dtype)
     with torch.no_grad():
         assert ONEDNN_OP not in operators(lambda: layer(inputs))
         assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
 
 
-@onednn
-@pytest.mark.usefixtures("onednn_kernel")
+@packs
 def test_autocast_takes_f_linear_and_its_cast():
     """torch.autocast("cpu", bfloat16) casts F.linear's inputs; the oneDNN op would silently stay in fp32."""
-    layer = Linear(768, 768)
+    _, layer = packed_pair()
     inputs = torch.randn(3, 768)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert ONEDNN_OP not in operators(lambda: layer(inputs))
@@ -128,43 +116,34 @@ def test_autocast_takes_f_linear_and_its_cast():
     assert torch.equal(output, expected)
 
 
-@onednn
-@pytest.mark.usefixtures("onednn_kernel")
+@packs
 def test_tracing_records_the_standard_op():
     """A traced graph must not hold a private oneDNN op: exported models run elsewhere."""
-    layer = Linear(768, 768).eval()
+    _, layer = packed_pair()
     with torch.no_grad():
-        graph = torch.jit.trace(layer, torch.randn(3, 768)).graph
+        graph = torch.jit.trace(layer.eval(), torch.randn(3, 768)).graph
     kinds = {node.kind() for node in graph.nodes()}
     assert "aten::linear" in kinds and not any("mkldnn" in kind for kind in kinds)
 
 
-@onednn
-@pytest.mark.usefixtures("onednn_kernel")
-@pytest.mark.parametrize(
-    "features,rows,expected",
-    [
-        ((32, 32), 128, "F.linear"),
-        ((384, 384), 16, "F.linear"),  # 2.4M multiply-adds: the fixed cost of a oneDNN call outweighs its speed
-        ((384, 384), 128, "oneDNN"),  # 19M multiply-adds
-        ((384, 1536), 1, "oneDNN"),  # 590K weights stream faster through oneDNN even for one row
-        ((768, 768), 1, "oneDNN"),
-    ],
-)
-def test_small_products_stay_on_f_linear(features, rows, expected):
-    layer = Linear(*features)
-    inputs = torch.randn(rows, features[0])
+@packs
+def test_a_changed_weight_is_packed_again_before_it_runs():
+    """The packed blocks are a cache of the parameter: an in-place change (an optimizer step) is seen."""
+    reference, layer = packed_pair()
+    inputs = torch.randn(5, 768)
     with torch.no_grad():
-        ran = operators(lambda: layer(inputs))
-    assert (ONEDNN_OP in ran) == (expected == "oneDNN"), ran
+        layer.weight.mul_(2)
+        reference.weight.mul_(2)
+        assert ONEDNN_OP in operators(lambda: layer(inputs))
+        error = (layer(inputs) - reference(inputs)).abs().max()
+    assert error <= 1e-5 * reference(inputs).abs().max()
 
 
-def test_standard_linear_is_nn_linear_bit_for_bit():
-    torch.manual_seed(0)
-    layer = Linear(768, 3072)
-    inputs = torch.randn(2, 16, 768)
-    with torch.no_grad(), standard_linear():
-        assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
+@pytest.mark.parametrize("features", [(32, 32), (384, 10)])
+def test_small_layers_are_not_swapped(features):
+    model = torch.nn.Sequential(torch.nn.Linear(*features))
+    hfbert.optimize_for_inference(model)
+    assert type(model[0]) is torch.nn.Linear and not hfbert.inference.packed_layers(model)
 
 
 @functools.cache
@@ -199,7 +178,7 @@ def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, ber
     ours.padding_free = padding_free
     if form == "packed":
         hfbert.optimize_for_inference(ours)
-        assert bool(hfbert.inference.packed_layers(ours)) == onednn_available()
+        assert bool(hfbert.inference.packed_layers(ours)) == packing_supported()
     config = ours.config
     accuracy: dict[int, Accuracy] = {}
     for batch in make_batches(config.vocab_size, config.type_vocab_size, config.hidden_size):
@@ -231,7 +210,7 @@ def test_default_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safe
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap to AVX2")
 def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     """The same bar, default and packed, on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a
-    subprocess (benchmarks/numerical_contract.py, judged with hfbert.parity's verdict; its tests prove that verdict
+    subprocess (benchmarks/numerical_contract.py, judged with the parity verdict; its tests prove that verdict
     fails real port bugs)."""
     command = [sys.executable, str(ROOT / "benchmarks" / "numerical_contract.py"), "--isa", "AVX2"]
     command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard,packed", "--dtypes", "float32"]
@@ -241,7 +220,7 @@ def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     report = json.loads((tmp_path / "contract.json").read_text())[0]
     assert report["isa"] == "AVX2 (capped)" and "ONEDNN_MAX_CPU_ISA=AVX2" in report["instruction_set"]
     assert len(report["rows"]) == 3 * 2 * 2 * 2  # checkpoints x attention x padding x (default, packed)
-    expected = {"standard": "F.linear", "packed": "oneDNN, packed" if onednn_available() else "F.linear"}
+    expected = {"standard": "F.linear", "packed": "oneDNN, packed" if packing_supported() else "F.linear"}
     for row in report["rows"]:
         assert row["ran"] == expected[row["kernel"]] and 0 < row["transformers_rms"] < 1e-4, row
         assert row["passed"] and row["worst_ratio"] <= 1.5, row

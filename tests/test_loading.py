@@ -16,20 +16,8 @@ import hfbert
 from converters.errors import CheckpointError
 from converters.key_map import map_key
 
-from checkpoints import REFERENCE
-from conftest import max_difference, minilm_directory
-
-
-def copy_checkpoint(source: Path, destination: Path, tensors: dict[str, torch.Tensor] | None = None) -> Path:
-    """Copy config.json (+ tokenizer files); write `tensors` (default: the source's) as model.safetensors."""
-    destination.mkdir(parents=True, exist_ok=True)
-    for file in source.iterdir():
-        if file.is_file() and file.suffix in (".json", ".txt") and "index" not in file.name:
-            shutil.copy(file, destination / file.name)
-    if tensors is None:
-        tensors = load_file(source / "model.safetensors")
-    save_file(tensors, destination / "model.safetensors")
-    return destination
+from support.checkpoints import REFERENCE, copy_checkpoint
+from support.helpers import max_difference, minilm_directory
 
 
 def reference_output(directory: Path, **kwargs) -> torch.Tensor:

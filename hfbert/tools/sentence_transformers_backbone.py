@@ -5,7 +5,7 @@ read as `auto_model`). `use_hfbert_backbone` puts an `hfbert.BertModel` there in
 `transformers.BertModel`, built on the very same weight tensors (no copy, same device and dtype). Tokenization,
 truncation at `max_seq_length`, pooling, normalisation, batching and `encode` stay sentence-transformers' own.
 
-    >>> from hfbert.sentence_transformers_backbone import sentence_transformer_with_hfbert
+    >>> from hfbert.tools.sentence_transformers_backbone import sentence_transformer_with_hfbert
     >>> model = sentence_transformer_with_hfbert("sentence-transformers/all-MiniLM-L6-v2")  # doctest: +SKIP
     >>> model.encode(["A sentence.", "Another one."]).shape  # doctest: +SKIP
     (2, 384)
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hfbert.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION
-from hfbert.config import BertConfig
-from hfbert.model import BertModel
+from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION
+from hfbert.modeling.config import BertConfig
+from hfbert.modeling.model import BertModel
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

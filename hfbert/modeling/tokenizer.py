@@ -22,7 +22,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from hfbert.atomic_write import atomic_file
+from converters.atomic_write import atomic_file
 
 SPECIAL_TOKENS = {
     "unk_token": "[UNK]",
@@ -73,9 +73,11 @@ class BertTokenizer:
         self.cls_token_id, self.mask_token_id = ids["cls_token"], ids["mask_token"]
 
     @classmethod
-    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, revision: str | None = None) -> BertTokenizer:
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, revision: str | None = None
+    ) -> BertTokenizer:
         """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
-        directory = _local_directory(path_or_repo_id, revision)
+        directory = _local_directory(pretrained_model_name_or_path, revision)
         has_config = (directory / "tokenizer_config.json").is_file()
         config = read_json_object(directory / "tokenizer_config.json")
         if "added_tokens_decoder" not in config:  # transformers lets the legacy map override the config then

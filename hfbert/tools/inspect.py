@@ -11,6 +11,7 @@ from itertools import groupby
 from pathlib import Path
 
 from converters.checkpoint_files import read_checkpoint
+from converters.dtypes import dtype_name
 from converters.hub import CONFIG_FILE, sha256_of
 from converters.key_map import map_key
 
@@ -18,7 +19,7 @@ _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 
 
 def describe(directory: Path) -> str:
-    from hfbert.config import BertConfig
+    from hfbert.modeling.config import BertConfig
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
     checkpoint = read_checkpoint(directory)
@@ -43,7 +44,7 @@ def describe(directory: Path) -> str:
             "ignored": f"ignored by design: {mapped.reason}",
             "legacy buffer": f"legacy buffer, checked then dropped: {mapped.reason}",
         }[mapped.action]
-        rows.append((name, list(tensor.shape), str(tensor.dtype).removeprefix("torch."), tensor.nbytes, action))
+        rows.append((name, list(tensor.shape), dtype_name(tensor.dtype), tensor.nbytes, action))
     lines += ["", f"tensors ({len(rows)}; encoder layers folded where identical)"]
     table = fold_layers(rows)
     width = max(len(row[0]) for row in table)

@@ -3,13 +3,12 @@
 A CPU forward allocates and frees the same large activations at every call (bert-base, 8 x 128 tokens: 12 MB for
 each feed-forward intermediate). torch takes CPU memory straight from malloc (its caching allocator is for GPUs),
 and glibc's malloc gives such blocks back to the kernel when they are freed (it unmaps blocks above its mmap
-threshold and trims the top of the heap above its trim threshold), so the next forward faults every page in again:
-68,000 page faults and 128 ms of kernel time in a 615 ms forward of bert-base, 8 x 128 tokens, packed fp32
-(74,000 faults, 133 ms of 304 ms in int8; 2-core AMD EPYC, AVX-512). ONNX Runtime, OpenVINO and CTranslate2 keep
+threshold and trims the top of the heap above its trim threshold), so the next forward faults every page in again,
+which costs a large share of a forward's time in kernel page faults. ONNX Runtime, OpenVINO and CTranslate2 keep
 freed memory in their own arenas. `keep_freed_memory` raises glibc's two thresholds so that freed blocks stay in
-the heap for reuse (no fault at all after the first forward: 485-535 ms, 211 ms in int8):
+the heap for reuse (after the first forward, no fault at all; tests/test_inference.py counts them):
 
-    >>> from hfbert.allocator import keep_freed_memory
+    >>> from hfbert.inference.allocator import keep_freed_memory
     >>> keep_freed_memory()  # doctest: +SKIP
     True
 

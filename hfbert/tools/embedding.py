@@ -1,6 +1,6 @@
 """Text embeddings with hfbert, streamed: from a file of any size to a `.npy` or `.jsonl` file, in input order.
 
-    >>> from hfbert.embedding import Embedder
+    >>> from hfbert.tools.embedding import Embedder
     >>> embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2", pooling="mean", normalize=True)  # doctest: +SKIP
     >>> embedder.embed(["A first text.", "Another one."]).shape  # doctest: +SKIP
     torch.Size([2, 384])
@@ -10,7 +10,7 @@ line) is read in chunks of `CHUNK_SIZE` lines, never whole. Each chunk is sorted
 texts of similar length (little padding), embedded batch by batch, put back in input order and appended to the
 output: a `.npy` file (a memory map of shape (lines, hidden_size), float32, sized after counting the lines) or
 a `.jsonl` file (one {"index", "embedding"} per line); with no output file, JSON lines on stdout. An output file
-is written beside its destination and renamed into place when complete (`hfbert.atomic_write`): a failed run
+is written beside its destination and renamed into place when complete (`converters.atomic_write`): a failed run
 leaves an existing output untouched.
 
 Under `torchrun` (RANK and WORLD_SIZE set, WORLD_SIZE > 1) each process embeds the lines i with
@@ -35,11 +35,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hfbert.atomic_write import atomic_file
+from converters.atomic_write import atomic_file
+from converters.dtypes import DTYPES
+from hfbert.tools.extras import import_numpy
+from hfbert.tools.texts import numbered_lines
 
 CHUNK_SIZE = 10_000
 POOLINGS = ("cls", "mean")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def pool(last_hidden_state: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
@@ -54,7 +56,7 @@ def pool(last_hidden_state: Tensor, attention_mask: Tensor, pooling: str) -> Ten
 
 class Embedder:
     """A checkpoint's encoder and tokenizer, turning lists of texts into (texts, hidden_size) float32 embeddings.
-    `quantize="int8"`: int8 weights and activations (faster, lossy: `hfbert/quantization.py`)."""
+    `quantize="int8"`: int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`)."""
 
     def __init__(
         self,
@@ -68,21 +70,23 @@ class Embedder:
         dtype: str | torch.dtype | None = None,
         quantize: str | None = None,
     ) -> None:
-        import hfbert
         from converters.hub import resolve_checkpoint
+        from hfbert.inference import optimize_for_inference
+        from hfbert.modeling.model import BertModel
+        from hfbert.modeling.tokenizer import BertTokenizer
 
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
         if batch_size < 1:
             raise ValueError(f"batch size must be at least 1, got {batch_size}")
         directory = Path(resolve_checkpoint(model_path, include_tokenizer=True))
-        self.tokenizer = hfbert.BertTokenizer.from_pretrained(directory)
-        self.model = hfbert.BertModel.from_pretrained(
+        self.tokenizer = BertTokenizer.from_pretrained(directory)
+        self.model = BertModel.from_pretrained(
             directory, device=device, dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype, add_pooling_layer=False
         )
         # Inference only, so the weights are packed (fp32: the same numbers as unpacked, within hfbert's contract;
         # a no-op off x86 CPUs) or, when asked, quantized to int8.
-        hfbert.optimize_for_inference(self.model, quantize=quantize)
+        optimize_for_inference(self.model, quantize=quantize)
         self.pooling, self.normalize, self.batch_size = pooling, normalize, batch_size
         limit = self.model.config.max_position_embeddings
         if max_length is not None and not 1 <= max_length <= limit:
@@ -118,7 +122,7 @@ class Embedder:
 def default_max_length(directory: Path, max_position_embeddings: int) -> int:
     """sentence-transformers' `max_seq_length` when the checkpoint has a sentence_bert_config.json, else the
     model's maximum."""
-    from hfbert.tokenizer import read_json_object
+    from hfbert.modeling.tokenizer import read_json_object
 
     value = read_json_object(directory / "sentence_bert_config.json").get("max_seq_length")
     if isinstance(value, int) and value > 0:
@@ -148,26 +152,6 @@ def read_texts(path: str | os.PathLike) -> Iterator[str]:
         yield record["text"]
 
 
-def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line without its end-of-line) for each line of a UTF-8 text file, read lazily.
-
-    Lines end at "\n" ("\r\n" too). Each line is decoded on its own, so invalid UTF-8 is reported with its line
-    number (a text-mode file decodes blocks of 8 KB and could only say "somewhere in this block")."""
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"{path}:{number}: not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})"
-                ) from None
-            yield number, line.removesuffix("\n").removesuffix("\r")
-
-
-def count_lines(path: str | os.PathLike) -> int:
-    return sum(1 for _ in numbered_lines(path))
-
-
 def chunks(items: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
     chunk: list[tuple[int, str]] = []
     for item in items:
@@ -180,16 +164,6 @@ def chunks(items: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[i
 
 
 # -- output ---------------------------------------------------------------------------------------------------
-
-
-def import_numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        from hfbert.parity import MissingExtraError
-
-        raise MissingExtraError("writing .npy needs numpy: pip install numpy (or write .jsonl)") from None
-    return numpy
 
 
 class NpyWriter:

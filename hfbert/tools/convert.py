@@ -19,38 +19,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from converters.checkpoint_files import read_checkpoint
+from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
-from converters.hub import CONFIG_FILE, TOKENIZER_FILES, resolve_checkpoint
-from converters.key_map import BACKBONE_PREFIX, head_of, normalize_name
-from converters.loading import PARAMETER_DTYPES, match_checkpoint, non_finite, skipped_initialisation
-from converters.writing import atomic_directory, parse_size, write_safetensors
-from hfbert.config import BertConfig
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# A decoder weight equal to the word embeddings is tied: transformers does not store it either.
-TIED_DECODER = {
-    "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
-
-
-def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
-    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
-    for name in copied:
-        shutil.copyfile(source / name, destination / name)
-    return copied
+from converters.hub import CONFIG_FILE, resolve_checkpoint
+from converters.key_map import BACKBONE_PREFIX, TIED_DECODER, head_of, normalize_name
+from converters.loading import match_checkpoint, non_finite, skipped_initialisation
+from converters.writing import atomic_directory, copy_tokenizer_files, parse_size, write_safetensors
+from hfbert.modeling.config import BertConfig
 
 
 def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[str, Tensor], dict]:
     """Read, validate against config.json and rename every tensor to transformers' canonical name."""
-    from hfbert.model import BertModel
+    from hfbert.modeling.model import BertModel
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
     checkpoint = read_checkpoint(directory)
@@ -79,25 +65,20 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[
     config_values = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
     if dtype is not None:
         for key in ("dtype", "torch_dtype"):
-            config_values[key] = str(dtype).removeprefix("torch.")
+            config_values[key] = dtype_name(dtype)
     return tensors, config_values
 
 
 def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
     """Every task-head tensor name transformers' BERT models store, with the shapes `config` allows for it (a
     `classifier` is (num_labels, hidden) in sequence / token classification, (1, hidden) in multiple choice)."""
-    import hfbert
+    from hfbert.modeling import heads
 
     shapes: dict[str, set[tuple[int, ...]]] = {}
-    classes = (
-        "BertForPreTraining",
-        "BertForSequenceClassification",
-        "BertForMultipleChoice",
-        "BertForQuestionAnswering",
-    )
+    classes = (heads.BertForPreTraining, heads.BertForSequenceClassification, heads.BertForMultipleChoice)
     with torch.device("meta"), skipped_initialisation():
-        for class_name in classes:
-            model = getattr(hfbert, class_name)(config)
+        for model_class in (*classes, heads.BertForQuestionAnswering):
+            model = model_class(config)
             for name, tensor in model.state_dict().items():
                 if head_of(name) is not None:
                     shapes.setdefault(name, set()).add(tuple(tensor.shape))
@@ -132,7 +113,7 @@ def cast(name: str, tensor: Tensor, dtype: torch.dtype, directory: Path) -> Tens
         overflowed = int(result.isinf().sum())
         limit = torch.finfo(dtype).max
         raise CheckpointError(
-            f"{directory}: cannot convert to {str(dtype).removeprefix('torch.')}: {overflowed} values of tensor "
+            f"{directory}: cannot convert to {dtype_name(dtype)}: {overflowed} values of tensor "
             f"'{name}' overflow (largest magnitude {tensor.abs().max().item():.4g}; {dtype} holds at most "
             f"{limit:.4g}); keep float32 or bfloat16"
         )

@@ -14,7 +14,8 @@ loads it with `BertModel.from_pretrained` (strict, the default). The property, f
   10**9 layers, ...) also run in a subprocess under a 4 GiB address-space limit, so an allocation they cause
   fails the test instead of slowing the machine.
 
-`@example`s pin every case the issue names and every bug this test found, whatever hypothesis draws.
+`@example`s pin every case the issue names and every bug this test found, whatever hypothesis draws; cases
+that `test_robust_checkpoint_files.py` checks by hand, with the exact message, are not pinned again here.
 
 Not covered, by nature: changed bytes inside the tensor data. Neither safetensors nor PyTorch's zip format
 carries a checksum that loading checks, so such a file is valid and loads the changed values (Hub downloads are
@@ -42,7 +43,7 @@ from safetensors.torch import load_file, save_file
 import hfbert
 from converters.errors import CheckpointError
 
-from conftest import write_random_transformers_checkpoint
+from support.helpers import write_random_transformers_checkpoint
 
 # hypothesis belongs in the test extra of pyproject.toml; until an environment has it, say so instead of erroring.
 pytest.importorskip("hypothesis", reason="needs hypothesis (pip install hypothesis)")
@@ -175,9 +176,8 @@ raw_corruption = st.one_of(
 @example(corruption=("header length", 2**40))
 @example(corruption=("header length", 2**63 - 1))
 @example(corruption=("header length", 71_000))  # past the end of the file
-@example(corruption=("header bytes", [(0, b"#" * 32)]))
 @example(corruption=("append", b"garbage"))
-def test_corrupt_safetensors_bytes(base, corruption):
+def test_corrupt_safetensors_bytes_raise_one_error_naming_the_file_or_load_the_same(base, corruption):
     kind, value = corruption
     raw = bytearray(encode_safetensors(base.header, base.data))
     header_end = 8 + struct.unpack("<Q", raw[:8])[0]
@@ -297,7 +297,7 @@ def corrupt_header(header: dict, name: str, corruption: tuple) -> dict:
 @example(tensor=0, corruption=("metadata", {"format": {"nested": [1]}}))
 @example(tensor=0, corruption=("metadata", None))  # no metadata: valid
 @example(tensor=0, corruption=("rename", "bert."))  # the BERT pre-training prefix: valid, same weights
-def test_corrupt_safetensors_header(base, tensor, corruption):
+def test_a_corrupt_safetensors_header_raises_one_error_naming_the_file_or_loads_the_same(base, tensor, corruption):
     name = base.names[tensor % len(base.names)]
     header = corrupt_header(base.header, name, corruption)
     with tempfile.TemporaryDirectory() as root:
@@ -357,7 +357,6 @@ config_corruption = st.one_of(
 
 @FUZZ
 @given(corruption=config_corruption)
-@example(corruption=("text", "{ not json"))
 @example(corruption=("text", "[" * 5000 + "]" * 5000))  # was a RecursionError
 @example(corruption=("huge integer", "vocab_size", 4301))  # was a ValueError that named no file
 @example(corruption=("top level", [1, 2]))
@@ -379,7 +378,7 @@ config_corruption = st.one_of(
 @example(corruption=("fields", [("layer_norm_eps", float("nan"))]))  # loaded, and every output was NaN
 @example(corruption=("fields", [("layer_norm_eps", float("inf"))]))
 @example(corruption=("fields", [("tie_word_embeddings", "no")]))  # a truthy string
-def test_corrupt_config_json(base, corruption):
+def test_a_corrupt_config_json_raises_one_error_naming_the_file_or_loads_the_same(base, corruption):
     kind = corruption[0]
     may_load = False
     if kind == "bytes":
@@ -437,7 +436,7 @@ index_corruption = st.one_of(
 @example(corruption=("index text", "[" * 5000 + "]" * 5000))  # was a RecursionError
 @example(corruption=("index text", '{"weight_map": {}}'))  # an error that named no file
 @example(corruption=("remove shard", SHARDS[1]))
-def test_corrupt_shard_index(base, corruption):
+def test_a_corrupt_shard_index_raises_one_error_naming_the_file_or_loads_the_same(base, corruption):
     kind = corruption[0]
     index = json.loads((base.sharded / INDEX).read_text())
     weight_map = index["weight_map"]
@@ -501,7 +500,7 @@ pickle_corruption = st.one_of(
 @given(corruption=pickle_corruption)
 @example(corruption=("pickle bytes", [(128, b"\x00")]))  # was a KeyError
 @example(corruption=("pickle bytes", [(512, b"\x00")]))  # was an AttributeError
-def test_corrupt_pytorch_model_bin(base, corruption):
+def test_a_corrupt_pytorch_model_bin_raises_one_error_naming_the_file_or_still_loads(base, corruption):
     kind, value = corruption
     path = base.pickled / "pytorch_model.bin"
     raw = bytearray(path.read_bytes())
@@ -528,7 +527,7 @@ HUGE_CASES = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # 4 GiB: a real allocation fails, loudly
     import torch
     import hfbert
-    from hfbert.config import _MAX_LAYERS, _MAX_SIZE
+    from hfbert.modeling.config import _MAX_LAYERS, _MAX_SIZE
 
     single, pickled = Path(sys.argv[1]), Path(sys.argv[2])
     raw = (single / "model.safetensors").read_bytes()
@@ -618,7 +617,7 @@ def test_huge_declared_sizes_fail_fast_within_4_gib(base, tmp_path):
 
 
 # -- a corruption the property tests avoid: a tensor in a dtype BERT's kernels cannot run ---------------------------
-def test_float4_tensor_of_the_right_shape(base, tmp_path):
+def test_a_float4_tensor_of_the_right_shape_is_refused(base, tmp_path):
     tensors = dict(base.tensors)
     name = "encoder.layer.0.intermediate.dense.weight"
     tensors[name] = torch.zeros(tensors[name].shape, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)

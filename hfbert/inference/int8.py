@@ -18,66 +18,32 @@ The method is dynamic quantization (ONNX Runtime's `quantize_dynamic`, with a sc
 
 The kernel is oneDNN's int8 inner product as torch ships it, `torch.ops.onednn.qlinear_prepack` and
 `qlinear_pointwise`, on plain uint8/int8 tensors: what torch.compile's x86 int8 path (and torchao's int8 configs
-under it) lowers to. The alternatives, in torch 2.13: `torch.ao.quantization.quantize_dynamic` warns it is
-deprecated (use torchao, pytorch/ao#2259); fbgemm's `quantized::linear_dynamic` needs a `torch.qint8` weight, and
-creating one warns that the quantized dtypes will be removed (pytorch/pytorch#184982); torchao 0.18's
-`Int8DynamicActivationInt8WeightConfig` runs `torch._int_mm` in eager, which re-lays out the weight at every call
-(its wheel has no x86 int8 kernel of its own): 1.3-3.4x slower than this; `torch._int_mm` alone takes no prepacked
-weight either (as fast at 16 rows on AVX-512, up to 1.4x slower at 1024 rows, 2-3x slower at 16 rows on AVX2).
+under it) lowers to. torch's other int8 routes are deprecated (`torch.ao.quantization.quantize_dynamic`, the
+`torch.qint8` dtypes) or re-lay out the weight at every call (`torch._int_mm`, torchao's eager path).
 
 Without VNNI (AVX2, or AVX-512 before Cascade Lake) x86 adds pairs of uint8 x int8 products into a saturating
-int16 (`vpmaddubsw`): 2 x 255 x 127 overflows it, and results go wrong by up to 9% (measured). Where a probe
-product shows that, weights use [-63, 63] (2 x 255 x 63 fits), which costs less accuracy than 7-bit activations
-(fbgemm's and ONNX Runtime's `reduce_range`): all-MiniLM-L6-v2 embeddings, min cosine 0.989 against 0.975.
+int16 (`vpmaddubsw`): 2 x 255 x 127 overflows it. Where a probe product shows that, weights use [-63, 63]
+(2 x 255 x 63 fits), which costs less accuracy than 7-bit activations (fbgemm's and ONNX Runtime's
+`reduce_range`). Attention's query, key and value projections read the same hidden states: their `Int8Linear`
+layers share one `SharedQuantization`, so that input is quantized once for the three.
 
-Attention's query, key and value projections read the same hidden states: `int8_linears` quantizes them once for
-the three (`hfbert.linear.linears_of_one_input`).
-
-Measured on AMD EPYC (AVX-512 with VNNI), one thread, when this module was written (quantization since runs in
-place, a little faster; `python benchmarks/kernels.py` measures the current product on the machine at hand);
-"AVX2": the same CPU with oneDNN, MKL and ATen capped to AVX2 (`hfbert.cpu.CAPS`). Time per product including
-the activations' quantization; speedup over fp32 `F.linear` and over oneDNN's fp32 inner product with a prepacked
-weight; error: RMS against float64, relative to the output's RMS, on Gaussian inputs with 4 outlier dimensions 20x
-larger:
-
-    rows x in -> out   AVX-512 (VNNI, 127 levels)               AVX2 (63 levels)
-                       time     vs F.linear  vs oneDNN  error     time     vs F.linear  vs oneDNN  error
-      16 x  768 -> 2304   0.20 ms   3.8x        1.8x       2.9%      0.40 ms   1.8x        1.4x       3.3%
-    1024 x  768 -> 2304   5.1 ms    8.8x        3.6x       3.0%     18.8 ms    2.2x        2.1x       3.3%
-      16 x  768 ->  768   0.09 ms   2.6x        1.2x       2.9%      0.16 ms   1.3x        1.1x       3.2%
-    1024 x  768 ->  768   2.2 ms    6.7x        2.2x       3.0%      5.4 ms    2.6x        2.4x       3.3%
-      16 x  768 -> 3072   0.27 ms   4.3x        1.8x       3.1%      0.59 ms   1.9x        1.5x       3.4%
-    1024 x  768 -> 3072   6.6 ms    9.4x        4.2x       3.1%     27.0 ms    2.1x        1.7x       3.3%
-      16 x 3072 ->  768   0.26 ms   4.1x        1.9x       4.3%      0.58 ms   1.8x        1.5x       4.5%
-    1024 x 3072 ->  768  11.9 ms    5.4x        2.2x       4.2%     28.5 ms    2.0x        1.9x       4.5%
-
-One scale per tensor instead (ONNX Runtime's and fbgemm's choice) runs at about the same speed (up to 25% faster
-at 16 rows) with 2-3x the error on such inputs (5.3-12%). fbgemm is faster on AVX-512 at 16 rows (1.3-1.9x) and
-at 1024 x 3072 (1.8x), the same under AVX2; torchao's eager path is 1.3-3.4x slower than this.
-
-all-MiniLM-L6-v2, mean-pooled normalised embeddings of 50 sentences (the parity sentences and 8 more), cosine to
-fp32, min / mean:
-
-    hfbert int8 (this module)            0.9932 / 0.9987   AVX2: 0.9887 / 0.9972
-    the same, one scale per tensor       0.9654 / 0.9924   AVX2: 0.9694 / 0.9918
-    the same, 7-bit activations instead of 63 levels (reduce_range): 0.9748 / 0.9959
-    ONNX Runtime quantize_dynamic, per-channel weights      0.9679 / 0.9919 (per-tensor weights: 0.8571 / 0.9599)
-    CTranslate2 int8                     0.9788 / 0.9965   AVX2 (CT2, MKL, oneDNN capped): 0.9745 / 0.9955
-
-Keeping any one kind of layer in fp32 (query/key/value, attention output, intermediate, feed-forward output)
-gains little (min 0.992-0.996), so every linear layer of the encoder is quantized.
+`Int8Linear` keeps the layer's fp32 `weight` parameter (the int8 form is a cache of it, rebuilt when it changes), so
+an int8 model still saves, loads and trains its real weights; only plain CPU inference calls run int8. Accuracy and
+speed against fp32, ONNX Runtime and CTranslate2: docs/cpu-inference.md.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from hfbert.cpu import X86
+from hfbert.inference.packed import can_pack
+from hfbert.inference.swapped import InferenceLinear
+from hfbert.modeling.cpu import X86
 
 # Private ops of torch, looked up defensively: without them int8 is unavailable and hfbert stays fp32.
 _prepack = getattr(torch.ops.onednn, "qlinear_prepack", None) if X86 else None
@@ -209,42 +175,96 @@ def quantize_activation(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return values, scale, zero_point
 
 
-def int8_linear(input: Tensor, weight: Int8Weight) -> Tensor:
-    """`F.linear(input, dequantize_weight(weight), weight.bias)` in int8, each row of `input` (fp32, shape
-    (..., in_features)) quantized on the fly (`quantize_activation`); returns fp32 (..., out_features). Inference
-    only: the kernel has no gradient."""
-    return int8_linears(input, [weight])[0]
+@dataclass
+class QuantizedRows:
+    """An activation as the kernel reads it: (rows, features) uint8 values, and a scale and zero point per row."""
+
+    values: Tensor
+    scale: Tensor  # fp32 (rows, 1)
+    zero_point: Tensor  # fp32 (rows, 1)
 
 
-def int8_linears(input: Tensor, weights: Sequence[Int8Weight]) -> list[Tensor]:
-    """`[int8_linear(input, weight) for weight in weights]`, with `input` quantized once for all of them: attention's
-    query, key and value projections read the same hidden states."""
-    in_features = {weight.in_features for weight in weights}
-    if len(in_features) != 1:
-        raise ValueError(f"the weights of one input must share in_features, not {sorted(in_features)}")
-    (in_features,) = in_features
+def quantize_rows(input: Tensor, in_features: int) -> QuantizedRows:
+    """`input` (fp32, shape (..., in_features)) as `QuantizedRows` of (prod(...), in_features)."""
     if input.dtype != torch.float32 or input.device.type != "cpu":
         raise TypeError(f"int8_linear takes fp32 CPU input, not {input.dtype} on {input.device}")
     if input.shape[-1:] != (in_features,):
         raise ValueError(f"input's last dimension must be {in_features} (in_features): {list(input.shape)}")
     if torch.is_grad_enabled() and input.requires_grad:
         raise RuntimeError("int8_linear has no gradient: run it under torch.no_grad() or torch.inference_mode()")
-    rows = input.reshape(-1, in_features)
-    if rows.shape[0] == 0:
-        return [input.new_empty(*input.shape[:-1], weight.out_features) for weight in weights]
-    values, scale, zero_point = quantize_activation(rows)
-    values = values.contiguous()
-    return [
-        _rescaled_product(values, scale, zero_point, weight).view(*input.shape[:-1], weight.out_features)
-        for weight in weights
-    ]
+    values, scale, zero_point = quantize_activation(input.reshape(-1, in_features))
+    return QuantizedRows(values.contiguous(), scale, zero_point)
 
 
-def _rescaled_product(values: Tensor, scale: Tensor, zero_point: Tensor, weight: Int8Weight) -> Tensor:
+def int8_product(rows: QuantizedRows, weight: Int8Weight, shape: tuple[int, ...]) -> Tensor:
+    """The fp32 output (*shape, out_features) of quantized rows through an int8 weight (module docstring)."""
+    if rows.values.shape[0] == 0:
+        return rows.scale.new_empty(*shape, weight.out_features)
     output = _int8_product(
-        values, 1.0, 0, weight.packed, weight.scales, weight._zero_points, None, 1.0, 0, torch.float32, "none", [], ""
-    )
-    output.addr_(zero_point.view(-1), weight.sums, alpha=-1)
+        rows.values, 1.0, 0, weight.packed, weight.scales, weight._zero_points, None, 1.0, 0, torch.float32, "none",
+        [], "",
+    )  # fmt: skip
+    output.addr_(rows.zero_point.view(-1), weight.sums, alpha=-1)
     if weight.bias is None:
-        return output.mul_(scale)
-    return torch.addcmul(weight.bias, output, scale, out=output)  # in place: one pass over the output, not two
+        output.mul_(rows.scale)
+    else:
+        output = torch.addcmul(weight.bias, output, rows.scale, out=output)  # in place: one pass over the output
+    return output.view(*shape, weight.out_features)
+
+
+def int8_linear(input: Tensor, weight: Int8Weight) -> Tensor:
+    """`F.linear(input, dequantize_weight(weight), weight.bias)` in int8, each row of `input` (fp32, shape
+    (..., in_features)) quantized on the fly (`quantize_activation`); returns fp32 (..., out_features). Inference
+    only: the kernel has no gradient."""
+    return int8_product(quantize_rows(input, weight.in_features), weight, tuple(input.shape[:-1]))
+
+
+class SharedQuantization:
+    """The last input some layers quantized, for the next of them that reads the same tensor: attention's query, key
+    and value projections each get the same hidden states. Held by a weak reference and checked by its in-place
+    version, so a different or changed input is quantized anew."""
+
+    def __init__(self) -> None:
+        self._source: weakref.ref | None = None
+        self._version = -1
+        self._rows: QuantizedRows | None = None
+
+    def __call__(self, input: Tensor, in_features: int) -> QuantizedRows:
+        if self._source is not None and self._source() is input and input._version == self._version:
+            return self._rows
+        self._rows = quantize_rows(input, in_features)
+        self._source, self._version = weakref.ref(input), input._version
+        return self._rows
+
+    def __getstate__(self) -> dict:
+        return {"_source": None, "_version": -1, "_rows": None}  # a copy starts empty
+
+
+class Int8Linear(InferenceLinear):
+    """`nn.Linear` whose plain CPU inference calls run in int8 (module docstring); everything else, training
+    included, runs `F.linear` on the fp32 parameter it keeps.
+
+    `hfbert.optimize_for_inference(model, quantize="int8")` swaps a model's linear layers for these; `from_linear`
+    keeps the layer's parameters (the same objects) and hooks. Layers given one `_shared` (`SharedQuantization`)
+    quantize an input they all read once.
+    """
+
+    _shared: SharedQuantization | None = None
+
+    @staticmethod
+    def supports(weight: Tensor) -> bool:
+        """Whether int8 can run a product with `weight` here: fp32 on the CPU, where `int8_available()`."""
+        return weight.dtype == torch.float32 and can_pack(weight) and int8_available()
+
+    def accepts(self, input: Tensor) -> bool:
+        return input.dtype == torch.float32
+
+    def build_form(self) -> Int8Weight:
+        return quantize_weight(self.weight.detach(), None if self.bias is None else self.bias.detach())
+
+    def run(self, input: Tensor) -> Tensor:
+        rows = (self._shared or quantize_rows)(input, self.in_features)
+        return int8_product(rows, self._form, tuple(input.shape[:-1]))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", int8"

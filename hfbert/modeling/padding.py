@@ -7,7 +7,8 @@ tokens only, and scatters the result back once at the end. Attention, the only s
 sequence: sequences of similar length are gathered into small padded buckets (at most a quarter padding each)
 and attended with the same kernels as the padded path.
 
-Both layouts expose `attend(query, key, value, ...)`, so the layers do not know which one they run on.
+Both layouts expose the same four steps (`embedding_inputs`, `attend`, `unpack`, and the kernel name they
+attend with), so the layers do not know which one they run on; `batch_layout` picks the layout of a call.
 """
 
 from __future__ import annotations
@@ -17,10 +18,36 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hfbert.attention import multi_head_attention
+from hfbert.modeling.attention import multi_head_attention
 
 # A bucket holds sequences at least this fraction as long as its longest, bounding the padding inside it.
 BUCKET_FILL = 0.75
+
+
+def batch_layout(attention_mask: Tensor | None, implementation: str, padding_free: bool) -> PaddedBatch | PackedBatch:
+    """The layout one forward runs on. Unmasked when there is no padding (as in transformers, the kernels then get
+    no mask at all); padding-free (`PackedBatch`) when the caller allows it (`padding_free`: inference with no
+    attention maps asked) and the first column is real (the pooler reads it: left-padded batches stay padded);
+    else padded. While tracing (torch.compile / export / jit) the mask is not inspected: the padded path has no
+    data-dependent shapes."""
+    if attention_mask is None:
+        return PaddedBatch(None, implementation)
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return PaddedBatch(key_padding_mask(attention_mask), implementation)
+    real = attention_mask != 0
+    if bool(real.all()):
+        return PaddedBatch(None, implementation)
+    if not padding_free or not bool(real[:, 0].all()):
+        return PaddedBatch(key_padding_mask(attention_mask), implementation)
+    return PackedBatch(attention_mask, implementation)
+
+
+def key_padding_mask(attention_mask: Tensor) -> Tensor:
+    """(batch, sequence) 0/1 mask -> boolean (batch, 1, 1, sequence), True where a key may be attended."""
+    key_mask = (attention_mask != 0)[:, None, None, :]
+    # A row with no real token at all attends to every position instead of to nothing: a defined output
+    # (never NaN) that is the same in both attention implementations.
+    return key_mask | ~key_mask.any(dim=-1, keepdim=True)
 
 
 @dataclass
@@ -28,9 +55,16 @@ class PaddedBatch:
     """The dense layout: (batch, sequence, hidden) with a boolean key mask (batch, 1, 1, sequence) or None."""
 
     key_mask: Tensor | None
+    implementation: str  # the attention kernel, "sdpa" or "eager"
+
+    def embedding_inputs(self, *inputs: Tensor | None) -> tuple[Tensor | None, ...]:
+        return inputs
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, Tensor | None]:
-        return multi_head_attention(query, key, value, self.key_mask, **options)
+        return multi_head_attention(query, key, value, self.key_mask, implementation=self.implementation, **options)
+
+    def unpack(self, hidden_states: Tensor) -> Tensor:
+        return hidden_states
 
 
 @dataclass
@@ -49,7 +83,8 @@ class PackedBatch:
     [0, 1, 2, 3, 4]
     """
 
-    def __init__(self, attention_mask: Tensor) -> None:
+    def __init__(self, attention_mask: Tensor, implementation: str = "sdpa") -> None:
+        self.implementation = implementation
         real = attention_mask != 0
         self.shape = tuple(real.shape)
         self.token_index = real.flatten().nonzero().squeeze(1)
@@ -75,6 +110,20 @@ class PackedBatch:
         """(batch, sequence, ...) -> (tokens, ...)."""
         return padded.flatten(0, 1)[self.token_index]
 
+    def embedding_inputs(
+        self,
+        input_ids: Tensor | None,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor | None,
+        inputs_embeds: Tensor | None,
+    ) -> tuple[Tensor | None, ...]:
+        """The embeddings' inputs, packed; positions default to the column index, as in the padded computation."""
+        if position_ids is None:
+            position_ids = torch.arange(self.shape[1], device=self.token_index.device)
+        position_ids = position_ids.expand(self.shape)
+        inputs = (input_ids, token_type_ids, position_ids, inputs_embeds)
+        return tuple(None if tensor is None else self.pack(tensor) for tensor in inputs)
+
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, sequence, ...), zeros at pad positions."""
         batch, sequence = self.shape
@@ -86,7 +135,12 @@ class PackedBatch:
         outputs = []
         for bucket in self.buckets:
             context, _ = multi_head_attention(
-                query[bucket.gather], key[bucket.gather], value[bucket.gather], bucket.key_mask, **options
+                query[bucket.gather],
+                key[bucket.gather],
+                value[bucket.gather],
+                bucket.key_mask,
+                implementation=self.implementation,
+                **options,
             )
             outputs.append(context[bucket.real])
         return torch.cat(outputs)[self.restore], None

@@ -20,14 +20,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from hfbert.activations import ACTIVATIONS
-from hfbert.attention import DEFAULT_ATTENTION, check_attention_implementation
-from hfbert.config import BertConfig
-from hfbert.inputs import check_inputs
-from hfbert.linear import Linear, linears_of_one_input
-from hfbert.outputs import BertModelOutput
-from hfbert.padding import PackedBatch, PaddedBatch
-from hfbert.pretrained import BertPreTrainedModel
+from hfbert.modeling.activations import ACTIVATIONS
+from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
+from hfbert.modeling.config import BertConfig
+from hfbert.modeling.inputs import check_inputs
+from hfbert.modeling.outputs import BertModelOutput
+from hfbert.modeling.padding import PackedBatch, PaddedBatch, batch_layout
+from hfbert.modeling.pretrained import BertPreTrainedModel
 
 
 class BertEmbeddings(nn.Module):
@@ -66,26 +65,23 @@ class BertEmbeddings(nn.Module):
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
+        config.check_heads()
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
         self.scale = self.head_size**-0.5
         self.dropout_probability = config.attention_probs_dropout_prob
-        self.query = Linear(config.hidden_size, config.hidden_size)
-        self.key = Linear(config.hidden_size, config.hidden_size)
-        self.value = Linear(config.hidden_size, config.hidden_size)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(
-        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
-    ) -> tuple[Tensor, Tensor | None]:
-        query, key, value = linears_of_one_input(hidden_states, (self.query, self.key, self.value))
+    def forward(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
         return batch.attend(
-            query,
-            key,
-            value,
+            self.query(hidden_states),
+            self.key(hidden_states),
+            self.value(hidden_states),
             num_heads=self.num_heads,
             scale=self.scale,
             dropout=self.dropout_probability if self.training else 0.0,
-            implementation=implementation,
         )
 
 
@@ -95,7 +91,7 @@ class BertResidualOutput(nn.Module):
 
     def __init__(self, config: BertConfig, input_size: int) -> None:
         super().__init__()
-        self.dense = Linear(input_size, config.hidden_size)
+        self.dense = nn.Linear(input_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -109,17 +105,15 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertResidualOutput(config, input_size=config.hidden_size)
 
-    def forward(
-        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
-    ) -> tuple[Tensor, Tensor | None]:
-        context, probabilities = self.self(hidden_states, batch, implementation)
+    def forward(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
+        context, probabilities = self.self(hidden_states, batch)
         return self.output(context, hidden_states), probabilities
 
 
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.intermediate_size)
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACTIVATIONS[config.hidden_act]
 
     def forward(self, hidden_states: Tensor) -> Tensor:
@@ -133,11 +127,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertResidualOutput(config, input_size=config.intermediate_size)
 
-    def forward(
-        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
         """`hidden_states` is (batch, sequence, hidden) on a PaddedBatch, (tokens, hidden) on a PackedBatch."""
-        attention_output, probabilities = self.attention(hidden_states, batch, implementation)
+        attention_output, probabilities = self.attention(hidden_states, batch)
         layer_output = self.output(self.intermediate(attention_output), attention_output)
         return layer_output, probabilities
 
@@ -151,7 +143,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, last_hidden_state: Tensor) -> Tensor:
         return torch.tanh(self.dense(last_hidden_state[:, 0]))
@@ -176,8 +168,7 @@ class BertModel(BertPreTrainedModel):
         attn_implementation: str | None = None,
         padding_free: bool = True,
     ) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         # An explicit argument wins, then what the config says (transformers' `config._attn_implementation`).
         self.attn_implementation = attn_implementation or config._attn_implementation or DEFAULT_ATTENTION
         self.padding_free = padding_free
@@ -230,35 +221,22 @@ class BertModel(BertPreTrainedModel):
             dtype=self.dtype,
         )
 
-        layout = self.batch_layout(attention_mask, output_attentions)
-        if layout == "packed":
-            batch = PackedBatch(attention_mask)
-            if position_ids is None:  # the column index, as in the padded computation
-                position_ids = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-            position_ids = position_ids.expand(attention_mask.shape)
-
-            def packed(tensor: Tensor | None) -> Tensor | None:
-                return None if tensor is None else batch.pack(tensor)
-
-            hidden_states = self.embeddings(
-                packed(input_ids), packed(token_type_ids), packed(position_ids), packed(inputs_embeds)
-            )
-        else:
-            batch = PaddedBatch(self.key_padding_mask(attention_mask) if layout == "padded" else None)
-            hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-
+        # Padding-free only where nothing observable changes: inference, no attention maps asked.
+        padding_free = self.padding_free and not self.training and not output_attentions
+        batch = batch_layout(attention_mask, implementation, padding_free)
+        hidden_states = self.embeddings(*batch.embedding_inputs(input_ids, token_type_ids, position_ids, inputs_embeds))
         all_hidden_states = [hidden_states]
         all_attentions = []
         for index, layer in enumerate(self.encoder.layer):
             if self.checkpointed(index):
-                hidden_states, probabilities = self.run_checkpointed(layer, hidden_states, batch, implementation)
+                hidden_states, probabilities = self.run_checkpointed(layer, hidden_states, batch)
             else:
-                hidden_states, probabilities = layer(hidden_states, batch, implementation)
+                hidden_states, probabilities = layer(hidden_states, batch)
             all_hidden_states.append(hidden_states)
             all_attentions.append(probabilities)
-        if isinstance(batch, PackedBatch):
-            hidden_states = batch.unpack(hidden_states)
-            all_hidden_states = [batch.unpack(states) for states in all_hidden_states] if output_hidden_states else []
+        hidden_states = batch.unpack(hidden_states)
+        if output_hidden_states:
+            all_hidden_states = [batch.unpack(states) for states in all_hidden_states]
 
         output = BertModelOutput(
             last_hidden_state=hidden_states,
@@ -273,30 +251,13 @@ class BertModel(BertPreTrainedModel):
         return self.gradient_checkpointing and self.training and layer_index % self.checkpoint_every_n_layers == 0
 
     def run_checkpointed(
-        self, layer: BertLayer, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, implementation: str
+        self, layer: BertLayer, hidden_states: Tensor, batch: PaddedBatch | PackedBatch
     ) -> tuple[Tensor, Tensor | None]:
         if not self.checkpoint_offload:
-            return checkpoint(layer, hidden_states, batch, implementation, **self.checkpoint_kwargs)
+            return checkpoint(layer, hidden_states, batch, **self.checkpoint_kwargs)
         # The saved layer inputs wait for the backward pass in host memory (pinned when a GPU will read them).
         with torch.autograd.graph.save_on_cpu(pin_memory=hidden_states.is_cuda):
-            return checkpoint(layer, hidden_states, batch, implementation, **self.checkpoint_kwargs)
-
-    def batch_layout(self, attention_mask: Tensor | None, output_attentions: bool) -> str:
-        """ "unmasked" when there is no padding (as transformers, the kernels then get no mask at all), "packed"
-        (padding-free) when it pays and changes nothing observable: inference on a batch whose first column is
-        real (the pooler reads it; left-padded batches stay padded) with no attention maps asked; else "padded".
-        While tracing (torch.compile / export / jit) the mask is not inspected: the padded path has no
-        data-dependent shapes."""
-        if attention_mask is None:
-            return "unmasked"
-        if torch.compiler.is_compiling() or torch.jit.is_tracing():
-            return "padded"
-        real = attention_mask != 0
-        if bool(real.all()):
-            return "unmasked"
-        if self.training or output_attentions or not self.padding_free or not bool(real[:, 0].all()):
-            return "padded"
-        return "packed"
+            return checkpoint(layer, hidden_states, batch, **self.checkpoint_kwargs)
 
     @property
     def backbone(self) -> BertModel:
@@ -310,16 +271,6 @@ class BertModel(BertPreTrainedModel):
     @attn_implementation.setter
     def attn_implementation(self, name: str) -> None:
         self.config._attn_implementation = check_attention_implementation(name)
-
-    @staticmethod
-    def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
-        """(batch, sequence) 0/1 mask -> boolean (batch, 1, 1, sequence), True where a key may be attended."""
-        if attention_mask is None:
-            return None
-        key_mask = (attention_mask != 0)[:, None, None, :]
-        # A row with no real token at all attends to every position instead of to nothing: a defined output
-        # (never NaN) that is the same in both attention implementations.
-        return key_mask | ~key_mask.any(dim=-1, keepdim=True)
 
 
 _warned_eager_for_attentions = False

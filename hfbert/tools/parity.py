@@ -1,6 +1,6 @@
 """Parity with transformers: run a checkpoint in hfbert and in `transformers` side by side, output by output.
 
-    >>> from hfbert.parity import run_parity
+    >>> from hfbert.tools.parity import run_parity
     >>> report = run_parity("google-bert/bert-base-uncased")  # doctest: +SKIP
     >>> print(report.table()); report.passed  # doctest: +SKIP
 
@@ -46,6 +46,7 @@ transformers is the reference, not a dependency: it is imported only inside thes
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -53,7 +54,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -63,13 +64,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from converters.dtypes import DTYPES
+from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
+from hfbert.tools.extras import import_pyplot, import_transformers
+from hfbert.tools.texts import numbered_lines
+
 TOP_K = 5
-INSTALL_PARITY = "pip install 'hfbert[parity]'"
-
-
-class MissingExtraError(ImportError):
-    """An optional dependency (transformers, matplotlib, numpy) is not installed; the message says how to get it."""
+# hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference` (packed weights).
+LINEAR_KERNELS = (None, "standard", "packed")
 
 
 ACCURACY_RATIO = 1.5  # hfbert's RMS error against float64 may be at most this many times transformers' own
@@ -83,22 +85,10 @@ def default_texts() -> list[str]:
 
 def read_texts(path: str | os.PathLike) -> list[str]:
     """One text per line; blank lines are skipped; invalid UTF-8 is named with its line and column."""
-    from hfbert.embedding import numbered_lines
-
     texts = [line for _, line in numbered_lines(path) if line.strip()]
     if not texts:
         raise ValueError(f"{path}: no text in the file (expected one text per line)")
     return texts
-
-
-def import_transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise MissingExtraError(
-            f"the parity check compares against transformers, which is not installed: {INSTALL_PARITY}"
-        ) from None
-    return transformers
 
 
 # -- statistics -----------------------------------------------------------------------------------------------
@@ -285,7 +275,7 @@ class ParityReport:
     dtype: str
     attn: str
     linear_kernel: str  # what hfbert's linear layers ran on: "F.linear", "oneDNN, packed" or "oneDNN"
-    instruction_set: str  # of the CPU kernels (hfbert.cpu.instruction_set())
+    instruction_set: str  # of the CPU kernels (hfbert.modeling.cpu.instruction_set())
     tolerance: float | None  # the optional absolute bound on the distance to transformers
     num_layers: int
     versions: dict[str, str]
@@ -398,14 +388,14 @@ class ParityReport:
         }
 
     def write_json(self, path: str | os.PathLike) -> None:
-        from hfbert.atomic_write import atomic_file
+        from converters.atomic_write import atomic_file
 
         with atomic_file(path) as temporary:
             temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     def plot(self, path: str | os.PathLike) -> None:
         """Error against float64 per layer, hfbert and transformers, log scale; attention rows and heads beside."""
-        from hfbert.atomic_write import atomic_file
+        from converters.atomic_write import atomic_file
 
         pyplot = import_pyplot()
         floor = 1e-12  # exact agreement (0) is drawn here
@@ -435,17 +425,6 @@ class ParityReport:
         with atomic_file(path) as temporary:
             figure.savefig(temporary, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
         pyplot.close(figure)
-
-
-def import_pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise MissingExtraError("--plot needs matplotlib: pip install matplotlib (or 'hfbert[plot]')") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
-    return pyplot
 
 
 # -- the inputs -----------------------------------------------------------------------------------------------
@@ -568,24 +547,26 @@ def run_parity(
     """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
     directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
     `reference`: load transformers from this checkpoint instead (default: `model_path`), e.g. to check a
-    converted or re-saved copy against its original. `linear_kernel`: "standard", "packed" (weights packed by
-    `hfbert.optimize_for_inference`) or "onednn" for hfbert's
-    linear layers (default: the process's, see `hfbert/linear.py`). `tolerance`: also require max abs against
-    transformers to be at most this."""
+    converted or re-saved copy against its original. `linear_kernel`: "standard" (default: `nn.Linear`, as built)
+    or "packed" (hfbert's models through `hfbert.optimize_for_inference`). `tolerance`: also require max abs
+    against transformers to be at most this."""
     transformers = import_transformers()
-    import hfbert
-    import hfbert.inference
-    import hfbert.linear
     from converters.checkpoint_files import read_checkpoint
     from converters.hub import resolve_checkpoint
-    from converters.key_map import normalize_name
-    from hfbert.cpu import cpu_name, instruction_set
+    from converters.key_map import MLM_HEAD, head_of, normalize_name
+    from hfbert.inference import optimize_for_inference, packed_layers
+    from hfbert.modeling.cpu import cpu_name, instruction_set
+    from hfbert.modeling.heads import BertForMaskedLM
+    from hfbert.modeling.model import BertModel
+    from hfbert.modeling.tokenizer import BertTokenizer
 
     started = time.perf_counter()
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
-    if attn not in ("eager", "sdpa"):
-        raise ValueError(f"attn must be 'eager' or 'sdpa', not {attn!r}")
+    if attn not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attn must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, not {attn!r}")
+    if linear_kernel not in LINEAR_KERNELS:
+        raise ValueError(f"linear_kernel must be one of {', '.join(map(str, LINEAR_KERNELS))}, not {linear_kernel!r}")
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     if tolerance is not None and not tolerance >= 0:
@@ -597,7 +578,7 @@ def run_parity(
     checkpoint = read_checkpoint(directory)
     stored = {normalize_name(name) for name in checkpoint.tensors}
     has_pooler = any(name.startswith("pooler.") for name in stored)
-    has_mlm_head = any(name.startswith("cls.predictions.") for name in stored)
+    has_mlm_head = any(head_of(name) == MLM_HEAD for name in stored)
     weight_files = _describe_files(checkpoint.files)
     del checkpoint
     reference_directory = Path(resolve_checkpoint(reference)) if reference is not None else directory
@@ -610,8 +591,8 @@ def run_parity(
             for reference_dtype in (dtype, torch.float64)
         )
 
-    tokenizer = hfbert.BertTokenizer.from_pretrained(directory)
-    ours = hfbert.BertModel.from_pretrained(
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    ours = BertModel.from_pretrained(
         directory, dtype=dtype, device=device, attn_implementation=attn, add_pooling_layer=has_pooler
     )
     config = ours.config
@@ -641,13 +622,9 @@ def run_parity(
     total = len(passes) * sum(len(case.batches) for case in cases)
     packed = linear_kernel == "packed"
     if packed:
-        hfbert.optimize_for_inference(ours)
-    unpacked_kernel = None if packed else linear_kernel
-    kernel_choice = hfbert.linear.linear_kernel(unpacked_kernel) if unpacked_kernel else nullcontext()
-    with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad(), kernel_choice:
-        ran_kernel = hfbert.linear.inference_kernel(device, dtype)
-        if packed and hfbert.inference.packed_layers(ours):
-            ran_kernel = "oneDNN, packed"
+        optimize_for_inference(ours)
+    ran_kernel = "oneDNN, packed" if packed and packed_layers(ours) else "F.linear"
+    with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad():
         # disable=None: a bar only when stderr is a terminal
         bar = tqdm(total=total, desc="parity", unit="batch", disable=None if progress else True, file=sys.stderr)
         for name in passes:
@@ -657,11 +634,9 @@ def run_parity(
                 theirs, exact = references("BertModel", "eager", add_pooling_layer=has_pooler)
             elif name == "masked LM":
                 del ours, theirs, exact
-                ours = hfbert.BertForMaskedLM.from_pretrained(
-                    directory, dtype=dtype, device=device, attn_implementation=attn
-                )
+                ours = BertForMaskedLM.from_pretrained(directory, dtype=dtype, device=device, attn_implementation=attn)
                 if packed:
-                    hfbert.optimize_for_inference(ours)
+                    optimize_for_inference(ours)
                 theirs, exact = references("BertForMaskedLM", attn)
             bar.set_postfix_str(name)
             for case in cases:
@@ -684,7 +659,7 @@ def run_parity(
         tolerance=tolerance,
         num_layers=layers,
         versions={
-            "hfbert": hfbert.__version__,
+            "hfbert": _installed_version("hfbert"),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
@@ -737,3 +712,10 @@ def _compare_batch(
             rows[f"attentions layer {index}"].update(
                 case, *(x.transpose(1, 2)[real].flatten(0, 1) for x in probabilities)
             )
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"

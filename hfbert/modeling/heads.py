@@ -19,21 +19,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfbert.activations import ACTIVATIONS
-from hfbert.config import BertConfig
-from hfbert.inputs import class_labels
-from hfbert.linear import Linear
-from hfbert.model import BertModel
-from hfbert.outputs import LogitsOutput, PreTrainingOutput, QuestionAnsweringOutput
-from hfbert.pretrained import BertPreTrainedModel, resized_rows
-
-MLM_HEAD, NSP_HEAD, CLASSIFIER_HEAD, QA_HEAD = "cls.predictions.", "cls.seq_relationship.", "classifier.", "qa_outputs."
+from converters.key_map import BACKBONE_PREFIX, CLASSIFIER_HEAD, MLM_HEAD, NSP_HEAD, QA_HEAD, TIED_DECODER, head_of
+from hfbert.modeling.activations import ACTIVATIONS
+from hfbert.modeling.config import BertConfig
+from hfbert.modeling.inputs import class_labels
+from hfbert.modeling.model import BertModel
+from hfbert.modeling.outputs import LogitsOutput, PreTrainingOutput, QuestionAnsweringOutput
+from hfbert.modeling.pretrained import BertPreTrainedModel, resized_rows
 
 
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = ACTIVATIONS[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -46,7 +44,7 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         # decoder.weight is tied to the word embeddings and decoder.bias to `bias` (see tied_weights).
-        self.decoder = Linear(config.hidden_size, config.vocab_size)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden_states: Tensor) -> Tensor:
@@ -61,15 +59,14 @@ class BertPreTrainingHeads(nn.Module):
         if masked_lm:
             self.predictions = BertLMPredictionHead(config)
         if next_sentence:
-            self.seq_relationship = Linear(config.hidden_size, 2)
+            self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
 class _BertWithHead(BertPreTrainedModel):
     """Shared by the task models: the encoder call and the transformers-style return."""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str | None) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=add_pooling_layer, attn_implementation=attn_implementation)
 
     def encode(self, *inputs: Any) -> Any:
@@ -87,9 +84,13 @@ class _BertWithHead(BertPreTrainedModel):
 
 class _MaskedLanguageModel(_BertWithHead):
     def tied_weights(self) -> dict[str, str]:
-        tied = {"cls.predictions.decoder.bias": "cls.predictions.bias"}
-        if self.config.tie_word_embeddings:
-            tied["cls.predictions.decoder.weight"] = "bert.embeddings.word_embeddings.weight"
+        tied = {}
+        for name, source in TIED_DECODER.items():
+            if head_of(source) is None:  # the word embeddings, tied only when the config says so
+                if not self.config.tie_word_embeddings:
+                    continue
+                source = BACKBONE_PREFIX + source
+            tied[name] = source
         return tied
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -102,9 +103,10 @@ class _MaskedLanguageModel(_BertWithHead):
         tied = self.config.tie_word_embeddings
         predictions.bias = nn.Parameter(resized_rows(old, new_num_tokens, mean_resizing and not tied, std=0.0))
         if not tied:
-            decoder = Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
+            decoder = nn.Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
             std = self.config.initializer_range
             decoder.weight = nn.Parameter(resized_rows(predictions.decoder.weight, new_num_tokens, mean_resizing, std))
+            decoder._is_hf_initialized = True
             predictions.decoder = decoder
         predictions.decoder.out_features = new_num_tokens
 
@@ -274,7 +276,7 @@ class BertForSequenceClassification(_BertWithHead):
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def problem_type(self, labels: Tensor) -> str:
@@ -331,7 +333,7 @@ class BertForTokenClassification(_BertWithHead):
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(
@@ -372,7 +374,7 @@ class BertForQuestionAnswering(_BertWithHead):
         # computing pad positions instead of running padding-free.
         self.bert.padding_free = False
         self.num_labels = config.num_labels
-        self.qa_outputs = Linear(config.hidden_size, config.num_labels)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(
@@ -420,7 +422,7 @@ class BertForMultipleChoice(_BertWithHead):
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
         self.dropout = self.classifier_dropout()
-        self.classifier = Linear(config.hidden_size, 1)
+        self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 
     def forward(

@@ -1,7 +1,10 @@
-"""Model outputs: named fields that also index like transformers' `ModelOutput`.
+"""Model outputs: named fields that also behave like transformers' `ModelOutput`.
 
 `out.last_hidden_state`, `out["last_hidden_state"]` and `out[0]` all work; as in transformers, fields that are
-None are skipped by integer indexing, iteration and `to_tuple()`, and are absent as keys.
+None are skipped by integer indexing, iteration and `to_tuple()`, and are absent as keys. Every output is a
+`collections.abc.Mapping` (keys in field order) that can be rebuilt from a dict of its fields
+(`type(out)({...})`), which is how tools that walk outputs (accelerate's fp32 conversion under mixed precision,
+`to(device)` helpers) find and replace the tensors inside.
 
 Every output class is a pytree node (its fields that are not None are the children), as transformers registers its
 outputs: `torch.export`, `torch.compile(fullgraph=True)` and `torch.utils._pytree` see through them.
@@ -9,7 +12,7 @@ outputs: `torch.export`, `torch.compile(fullgraph=True)` and `torch.utils._pytre
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -17,7 +20,20 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 
-class ModelOutput:
+class ModelOutput(Mapping):
+    def __post_init__(self) -> None:
+        # transformers' ModelOutput(dict) form: a mapping of field values as the only argument.
+        first = fields(self)[0].name
+        values = getattr(self, first)
+        others = [getattr(self, f.name) for f in fields(self)[1:]]
+        if isinstance(values, Mapping) and all(other is None for other in others):
+            unknown = set(values) - {f.name for f in fields(self)}
+            if unknown:
+                raise TypeError(f"{type(self).__name__} has no field(s) {', '.join(sorted(map(str, unknown)))}")
+            setattr(self, first, None)
+            for name, value in values.items():
+                setattr(self, name, value)
+
     def keys(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]
 
@@ -47,7 +63,7 @@ class ModelOutput:
         return len(self.keys())
 
 
-@dataclass
+@dataclass(eq=False)
 class BertModelOutput(ModelOutput):
     last_hidden_state: Tensor
     pooler_output: Tensor | None = None
@@ -55,7 +71,7 @@ class BertModelOutput(ModelOutput):
     attentions: tuple[Tensor, ...] | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class PreTrainingOutput(ModelOutput):
     loss: Tensor | None = None
     prediction_logits: Tensor | None = None
@@ -64,7 +80,7 @@ class PreTrainingOutput(ModelOutput):
     attentions: tuple[Tensor, ...] | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class LogitsOutput(ModelOutput):
     """Masked LM, next sentence, sequence / token classification and multiple choice (transformers' fields)."""
 
@@ -74,7 +90,7 @@ class LogitsOutput(ModelOutput):
     attentions: tuple[Tensor, ...] | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class QuestionAnsweringOutput(ModelOutput):
     loss: Tensor | None = None
     start_logits: Tensor | None = None

@@ -13,9 +13,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from hfbert.attention import DEFAULT_ATTENTION, check_attention_implementation
-from hfbert.config import BertConfig
-from hfbert.cpu import warn_if_emulated_bfloat16
+from converters.dtypes import as_dtype
+from converters.loading import config_values
+from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
+from hfbert.modeling.config import BertConfig
+from hfbert.modeling.cpu import warn_if_emulated_bfloat16
 
 
 class BertPreTrainedModel(nn.Module):
@@ -37,6 +39,26 @@ class BertPreTrainedModel(nn.Module):
     _keys_to_ignore_on_save: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_load_missing: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str] | None] = None
+
+    def __init__(self, config: BertConfig | None = None, *inputs: Any, **kwargs: Any) -> None:
+        """`config` is kept as `self.config`, as transformers' `PreTrainedModel.__init__(config)` does, so a task
+        model of your own is written the transformers way:
+
+            >>> class MyHead(BertPreTrainedModel):  # doctest: +SKIP
+            ...     def __init__(self, config):
+            ...         super().__init__(config)
+            ...         self.bert = BertModel(config, add_pooling_layer=False)
+            ...         self.scorer = nn.Linear(config.hidden_size, 1)
+            ...         self.post_init()
+        """
+        super().__init__()
+        if config is not None:
+            self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config_values(config))
+
+    def post_init(self) -> None:
+        """transformers' last constructor step: initialise the parameters of every module not initialised yet
+        (`_init_weights`; loaded and resized ones keep their values, as in transformers) and tie weights."""
+        self.init_weights()
 
     @property
     def backbone(self) -> nn.Module:
@@ -62,7 +84,7 @@ class BertPreTrainedModel(nn.Module):
     def _from_config(cls, config: BertConfig, **kwargs: Any) -> BertPreTrainedModel:
         """transformers' constructor hook: a randomly initialised model for `config`; `dtype` casts it."""
         dtype, torch_dtype = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
-        dtype = _as_dtype(dtype or torch_dtype)
+        dtype = as_dtype(dtype or torch_dtype)
         model = cls(config, **kwargs)
         return model.to(dtype) if dtype is not None else model
 
@@ -78,18 +100,25 @@ class BertPreTrainedModel(nn.Module):
         `from_pretrained` builds models whose every parameter comes from the checkpoint."""
         if any(parameter.is_meta for parameter in self.parameters()):
             return
-        std = self.config.initializer_range
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(mean=0.0, std=std)
-            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-                module.weight[module.padding_idx].zero_()
-            if isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-            bias = getattr(module, "bias", None)
-            if isinstance(bias, nn.Parameter):
-                bias.zero_()
+            if not getattr(module, "_is_hf_initialized", False):
+                self._init_weights(module)
+        mark_initialized(self)
         self.tie_weights()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' per-module initialisation hook, with the values of its BERT."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.normal_(mean=0.0, std=std)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            module.weight[module.padding_idx].zero_()
+        if isinstance(module, nn.LayerNorm):
+            module.weight.fill_(1.0)
+        bias = module._parameters.get("bias")
+        if isinstance(bias, nn.Parameter):
+            bias.zero_()
 
     # -- weight tying ------------------------------------------------------------------------------------------
     def tied_weights(self) -> dict[str, str]:
@@ -140,6 +169,7 @@ class BertPreTrainedModel(nn.Module):
         with torch.no_grad():
             new.weight.copy_(resized_rows(old.weight, new_num_tokens, mean_resizing, self.config.initializer_range))
         new.requires_grad_(old.weight.requires_grad)
+        new._is_hf_initialized = True
         self.config.vocab_size = new_num_tokens
         self.resize_output_layer(new_num_tokens, mean_resizing)
         self.set_input_embeddings(new)
@@ -232,8 +262,9 @@ class BertPreTrainedModel(nn.Module):
     @classmethod
     def from_pretrained(
         cls,
-        path_or_repo_id: str | os.PathLike,
-        *,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *model_args: Any,
+        config: Any = None,
         revision: str | None = None,
         dtype: torch.dtype | str | None = None,
         device: str | torch.device | None = None,
@@ -250,12 +281,13 @@ class BertPreTrainedModel(nn.Module):
         tensors: no random initialisation and no second copy. `dtype=None` (or "auto") keeps the stored dtype;
         a dtype or its name ("bfloat16") casts. With
         `strict=True` (default) every parameter must come from the checkpoint with the right shape, otherwise
-        `converters.CheckpointError` says which; a task head the checkpoint has no tensor of (a new classifier)
+        `hfbert.CheckpointError` says which; a task head the checkpoint has no tensor of (a new classifier)
         is initialised and reported. `ignore_mismatched_sizes=True` (transformers' option) initialises afresh the
         parameters whose shape differs from the checkpoint's (re-heading a classifier: `num_labels=7`) and reports
-        them as mismatched and reinitialised. Keyword arguments that name config fields override config.json
-        (`num_labels=3`); others go to the constructor (`add_pooling_layer=False`). `torch_dtype` is transformers'
-        older name for `dtype`.
+        them as mismatched and reinitialised. `config` (a `BertConfig`, or transformers' own) is used instead of
+        config.json, as in transformers (`run_glue.py` re-heads a model this way). Keyword arguments that name
+        config fields override the config (`num_labels=3`); `model_args` and other keywords go to the constructor
+        (`add_pooling_layer=False`). `torch_dtype` is transformers' older name for `dtype`.
         `output_loading_info=True` returns `(model, info)` with transformers' keys plus `info["report"]`.
 
             >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
@@ -268,15 +300,18 @@ class BertPreTrainedModel(nn.Module):
         with ignoring_mismatched_sizes(ignore_mismatched_sizes):
             loaded = load_pretrained(
                 cls,
-                path_or_repo_id,
+                pretrained_model_name_or_path,
                 revision=revision,
-                dtype=_as_dtype(dtype or torch_dtype),
+                dtype=as_dtype(dtype or torch_dtype),
                 device=device,
-                attn_implementation=attn_implementation or DEFAULT_ATTENTION,
+                attn_implementation=check_attention_implementation(attn_implementation or DEFAULT_ATTENTION),
                 strict=strict,
                 output_loading_info=output_loading_info,
+                config=config,
+                model_args=model_args,
                 **kwargs,
             )
+        mark_initialized(loaded[0] if output_loading_info else loaded)
         warn_if_emulated_bfloat16(loaded[0] if output_loading_info else loaded, stacklevel=2)
         return loaded
 
@@ -287,16 +322,68 @@ class BertPreTrainedModel(nn.Module):
         return result
 
     def save_pretrained(
-        self, save_directory: str | os.PathLike, safe_serialization: bool = True, max_shard_size: str | int = "5GB"
+        self,
+        save_directory: str | os.PathLike,
+        is_main_process: bool = True,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        save_function: Any = None,
+        push_to_hub: bool = False,
+        max_shard_size: str | int = "5GB",
+        safe_serialization: bool = True,
+        variant: str | None = None,
+        **kwargs: Any,
     ) -> None:
         """Write the Hugging Face layout (config.json, safetensors or shards + index, tokenizer files of the
         checkpoint this model came from), atomically; tied weights are stored once.
+
+        transformers' keywords mean what they mean there: `is_main_process=False` writes nothing (every rank may
+        call it); `state_dict` is saved instead of the model's own (keys as `state_dict()` names them);
+        `safe_serialization=False` writes `pytorch_model.bin` through `save_function(obj, path)` (default
+        `torch.save`; as in transformers it is not used for safetensors); `max_shard_size` splits safetensors
+        shards. `token`, `save_peft_format` and `save_original_format` are accepted and change nothing here (no
+        upload, no adapters, one format). What hfbert cannot do is refused before anything is written:
+        `push_to_hub=True` (save, then `huggingface_hub.upload_folder`), a `variant`, `distributed_checkpoint=True`,
+        and any other keyword.
 
             >>> model.save_pretrained("my-bert")  # doctest: +SKIP
         """
         from converters.saving import save_model
 
-        save_model(self, save_directory, safe_serialization=safe_serialization, max_shard_size=max_shard_size)
+        refused = {name: value for name, value in kwargs.items() if name not in _SAVE_KEYWORDS_WITHOUT_EFFECT}
+        if kwargs.get("distributed_checkpoint"):
+            refused["distributed_checkpoint"] = True
+        if push_to_hub:
+            refused["push_to_hub"] = True
+        if variant is not None:
+            refused["variant"] = variant
+        if refused:
+            raise TypeError(
+                f"save_pretrained: {', '.join(f'{name}={value!r}' for name, value in refused.items())} not supported "
+                "by hfbert (it writes one local checkpoint in the Hugging Face layout; to upload it, save it, then "
+                "huggingface_hub.upload_folder)"
+            )
+        if not is_main_process:
+            return
+        save_model(
+            self,
+            save_directory,
+            safe_serialization=safe_serialization,
+            max_shard_size=max_shard_size,
+            state_dict=state_dict,
+            save_function=save_function,
+        )
+
+
+# transformers' save_pretrained keywords that concern uploads, adapters or legacy formats: nothing to do here.
+_SAVE_KEYWORDS_WITHOUT_EFFECT = frozenset(
+    {"token", "save_peft_format", "save_original_format", "distributed_checkpoint"}
+)
+
+
+def mark_initialized(model: nn.Module) -> None:
+    """Flag every module as holding its final values (transformers' `_is_hf_initialized`): `post_init` leaves them."""
+    for module in model.modules():
+        module._is_hf_initialized = True
 
 
 def _require_grad(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
@@ -321,15 +408,3 @@ def resized_rows(old: torch.Tensor, rows: int, mean_resizing: bool, std: float) 
     else:
         new[kept:].zero_()
     return new
-
-
-def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """transformers also takes dtypes by name ("float16", "torch.bfloat16") and "auto" (the stored dtype)."""
-    if dtype == "auto":
-        return None
-    if not isinstance(dtype, str):
-        return dtype
-    value = getattr(torch, dtype.removeprefix("torch."), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype={dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16', or 'auto')")
-    return value

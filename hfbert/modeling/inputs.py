@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hfbert.config import BertConfig
+from hfbert.modeling.config import BertConfig
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 

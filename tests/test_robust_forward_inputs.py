@@ -1,5 +1,6 @@
-"""Bad forward inputs: one ValueError naming the argument, the limit and the first offending position, raised
-before any kernel runs; all-padding rows give defined outputs in every dtype."""
+"""Bad forward arguments: one ValueError naming the argument, the limit and the first offending position, raised
+before any kernel runs, in every dtype the model runs (ids, masks, positions, segments, embeddings, Python lists,
+batch mismatches, head labels); all-padding rows give defined outputs in every dtype."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ import torch
 
 import hfbert
 
-from conftest import SMALL_CONFIG
+from support.helpers import SMALL_CONFIG
 
 CONFIG = dict(SMALL_CONFIG, type_vocab_size=2)  # vocab 1000, 64 positions, hidden 96
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return hfbert.BertModel(hfbert.BertConfig(**CONFIG)).eval()
-
-
 IDS = torch.tensor([[101, 5, 6, 102], [101, 7, 102, 0]])
 MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+
+
+# -- arguments the kernels cannot run: named before any kernel runs, in every dtype --------------------------------
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module", params=DTYPES, ids=["fp32", "bf16", "fp16"])
+def typed_model(request):
+    torch.manual_seed(0)
+    return hfbert.BertModel(hfbert.BertConfig(**CONFIG)).to(request.param).eval()
 
 
 @pytest.mark.parametrize(
@@ -54,63 +58,6 @@ MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
         (dict(), r"exactly one of input_ids or inputs_embeds"),
         (dict(inputs_embeds=torch.zeros(2, 4, 95)), r"inputs_embeds has size 95 .* hidden_size is 96"),
         (dict(input_ids=IDS.to("meta")), r"input_ids is on meta but the model is on cpu"),
-    ],
-)
-def test_bad_inputs_are_named(model, arguments, message):
-    with pytest.raises(ValueError, match=message):
-        model(**arguments)
-
-
-def test_transformers_fails_later_on_the_same_input(model):
-    # The reference crashes inside the embedding kernel; hfbert names the argument first.
-    import transformers
-
-    reference = transformers.BertModel(transformers.BertConfig(**CONFIG)).eval()
-    with pytest.raises(IndexError, match="index out of range"):
-        reference(input_ids=torch.tensor([[101, 5, 1000, 102]]))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-@pytest.mark.parametrize("padding_free", [True, False])
-def test_all_padding_rows_are_defined(dtype, implementation, padding_free):
-    torch.manual_seed(0)
-    model = hfbert.BertModel(hfbert.BertConfig(**CONFIG), attn_implementation=implementation).to(dtype).eval()
-    model.padding_free = padding_free
-    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
-    with torch.no_grad():
-        output = model(input_ids=IDS.repeat(2, 1)[:3], attention_mask=mask)
-    assert torch.isfinite(output.last_hidden_state).all() and torch.isfinite(output.pooler_output).all()
-
-
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_masked_keys_contribute_exactly_zero(implementation):
-    torch.manual_seed(0)
-    model = hfbert.BertModel(hfbert.BertConfig(**CONFIG), attn_implementation=implementation).eval()
-    model.padding_free = False
-    mask = torch.tensor([[1, 1, 1, 0, 0]])
-    first = torch.tensor([[101, 5, 102, 7, 8]])
-    second = torch.tensor([[101, 5, 102, 900, 33]])  # only the masked keys differ
-    with torch.no_grad():
-        a = model(input_ids=first, attention_mask=mask).last_hidden_state[:, :3]
-        b = model(input_ids=second, attention_mask=mask).last_hidden_state[:, :3]
-    assert torch.equal(a, b)
-
-
-# -- issue 13: dtypes, Python lists, batch mismatches, labels; in every dtype the model runs ---------------------
-
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-@pytest.fixture(scope="module", params=DTYPES, ids=["fp32", "bf16", "fp16"])
-def typed_model(request):
-    torch.manual_seed(0)
-    return hfbert.BertModel(hfbert.BertConfig(**CONFIG)).to(request.param).eval()
-
-
-@pytest.mark.parametrize(
-    "arguments,message",
-    [
         (dict(input_ids=IDS.to(torch.uint8)), r"input_ids has dtype torch.uint8; expected torch.int64"),
         (dict(input_ids=IDS.to(torch.int16)), r"input_ids has dtype torch.int16; expected torch.int64"),
         (
@@ -137,7 +84,7 @@ def typed_model(request):
         (dict(input_ids=IDS, attention_mask=MASK[:1]), r"attention_mask has shape \(1, 4\)"),
     ],
 )
-def test_bad_input_types_are_named_in_every_dtype(typed_model, arguments, message):
+def test_bad_inputs_are_named_in_every_dtype(typed_model, arguments, message):
     with pytest.raises(ValueError, match=message):
         typed_model(**arguments)
 
@@ -156,14 +103,14 @@ def test_int32_ids_are_accepted_and_equal_int64(typed_model):
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("embeds_dtype", [torch.float64, *DTYPES])
 def test_inputs_embeds_dtype_is_checked_as_the_kernels_need(model_dtype, embeds_dtype, monkeypatch):
-    import hfbert.model
-    from hfbert.inputs import check_inputs
+    import hfbert.modeling.model
+    from hfbert.modeling.inputs import check_inputs
 
     torch.manual_seed(0)
     model = hfbert.BertModel(hfbert.BertConfig(**CONFIG)).to(model_dtype).eval()
     embeds = torch.zeros(2, 4, 96, dtype=embeds_dtype)
     with monkeypatch.context() as unchecked, torch.no_grad():  # what the kernels do without the check
-        unchecked.setattr(hfbert.model, "check_inputs", lambda *arguments, **keywords: None)
+        unchecked.setattr(hfbert.modeling.model, "check_inputs", lambda *arguments, **keywords: None)
         try:
             model(inputs_embeds=embeds)
             runs = True
@@ -177,6 +124,17 @@ def test_inputs_embeds_dtype_is_checked_as_the_kernels_need(model_dtype, embeds_
         with pytest.raises(ValueError, match=rf"inputs_embeds has dtype {embeds_dtype} but the model runs in"):
             check_inputs(*arguments, dtype=model_dtype)
 
+
+def test_transformers_fails_later_on_the_same_input():
+    # The reference crashes inside the embedding kernel; hfbert names the argument first.
+    import transformers
+
+    reference = transformers.BertModel(transformers.BertConfig(**CONFIG)).eval()
+    with pytest.raises(IndexError, match="index out of range"):
+        reference(input_ids=torch.tensor([[101, 5, 1000, 102]]))
+
+
+# -- labels of the task heads --------------------------------------------------------------------------------------
 
 HEAD_LABELS = [
     ("BertForSequenceClassification", dict(labels=torch.tensor([0, 5])), r"labels must lie in \[0, 3\).*found 5"),
@@ -211,3 +169,33 @@ def test_ignored_label_positions_are_accepted():
     labels = torch.full((2, 4), -100)
     labels[0, 1] = 7
     assert torch.isfinite(model(input_ids=IDS, labels=labels).loss)
+
+
+# -- padding: defined outputs, masked keys without effect ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_all_padding_rows_are_defined(dtype, implementation, padding_free):
+    torch.manual_seed(0)
+    model = hfbert.BertModel(hfbert.BertConfig(**CONFIG), attn_implementation=implementation).to(dtype).eval()
+    model.padding_free = padding_free
+    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    with torch.no_grad():
+        output = model(input_ids=IDS.repeat(2, 1)[:3], attention_mask=mask)
+    assert torch.isfinite(output.last_hidden_state).all() and torch.isfinite(output.pooler_output).all()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_masked_keys_contribute_exactly_zero(implementation):
+    torch.manual_seed(0)
+    model = hfbert.BertModel(hfbert.BertConfig(**CONFIG), attn_implementation=implementation).eval()
+    model.padding_free = False
+    mask = torch.tensor([[1, 1, 1, 0, 0]])
+    first = torch.tensor([[101, 5, 102, 7, 8]])
+    second = torch.tensor([[101, 5, 102, 900, 33]])  # only the masked keys differ
+    with torch.no_grad():
+        a = model(input_ids=first, attention_mask=mask).last_hidden_state[:, :3]
+        b = model(input_ids=second, attention_mask=mask).last_hidden_state[:, :3]
+    assert torch.equal(a, b)

@@ -5,7 +5,7 @@ has, and each can be capped by its own environment variable (read when the libra
 `ATEN_CPU_CAPABILITY`, `MKL_ENABLE_INSTRUCTIONS` and `ONEDNN_MAX_CPU_ISA`. Capping them in a subprocess is how
 one machine tests the kernels an older CPU would run (benchmarks/numerical_contract.py, tests/test_linear.py).
 
-    >>> from hfbert.cpu import instruction_set
+    >>> from hfbert.modeling.cpu import instruction_set
     >>> instruction_set()  # doctest: +SKIP
     'AVX512 (avx512_bf16)'
 """
@@ -55,11 +55,11 @@ def bfloat16_native() -> bool:
     return bool(check and torch.backends.mkldnn.is_available() and check())
 
 
-# Measured on bert-base, batch 4 x 128: 3.2x float32's time on an AMD EPYC with oneDNN, MKL and ATen capped to
-# AVX2; 5.4x on a 2-core AVX2-only EPYC (issue 15). Users pick bf16 to go faster, so say it before they measure.
+# Users pick bf16 to go faster; where the CPU emulates it, BERT runs several times slower than in fp32
+# (docs/cpu-inference.md), so say it before they measure.
 EMULATED_BFLOAT16_WARNING = (
     "bfloat16 on this CPU ({cpu}, {isa}) is emulated in software: it has no native bf16 instructions (avx512_bf16 "
-    "or AMX), and BERT runs about 3-5x slower than in float32 (3.2x measured on bert-base with AVX2). Use float32, "
+    "or AMX), and BERT runs about 3-5x slower than in float32. Use float32, "
     "or hfbert.optimize_for_inference(model) (fp32, packed) or quantize='int8' for speed."
 )
 _warned_about_bfloat16 = False

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-REFERENCE = Path(__file__).resolve().parent / "data" / "bert-base-uncased"
+REFERENCE = Path(__file__).resolve().parent.parent / "data" / "bert-base-uncased"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json")
 
 # Trained BERTs carry a few hidden dimensions with very large values (the "outlier dimensions" of quantization
@@ -125,3 +125,17 @@ def write_bert_base_pickle(directory: Path, tensors: dict[str, torch.Tensor]) ->
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(state, directory / "pytorch_model.bin")
     write_config_and_tokenizer(directory)
+
+
+def copy_checkpoint(source: Path, destination: Path, tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Copy config.json (+ tokenizer files); write `tensors` (default: the source's) as model.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    destination.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.is_file() and file.suffix in (".json", ".txt") and "index" not in file.name:
+            shutil.copy(file, destination / file.name)
+    if tensors is None:
+        tensors = load_file(source / "model.safetensors")
+    save_file(tensors, destination / "model.safetensors")
+    return destination

@@ -1,0 +1,124 @@
+"""`PackedLinear`: an `nn.Linear` whose CPU inference runs on its weight packed once for oneDNN.
+
+oneDNN re-lays out a plain weight on every call; packed once into its blocked layout, a product of few rows runs
+several times faster (the weight is streamed, not copied). oneDNN sums the whole inner dimension in one register
+chain, which loses more bits than MKL's sgemm (transformers' kernel: blocks of about 192 products, then the blocks
+added). So the packed weight is cut into column blocks of PACKED_BLOCK inputs, each block's product starts from
+zero and the partial products are added in order (oneDNN's fused "add" post-op): the error against float64 stays
+transformers' own (docs/numerical-contract.md measures it on every instruction set).
+
+The packed blocks are a cache of the layer's `weight` parameter, which stays what it was (`swapped.py`): a changed
+weight is packed again before it runs, and every call that is not plain CPU inference runs `F.linear`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hfbert.inference.swapped import InferenceLinear
+from hfbert.modeling.cpu import X86, bfloat16_native
+
+PACKED_BLOCK = 192
+# oneDNN costs about 25 us more per call than F.linear: smaller layers (a classifier's few outputs) stay nn.Linear.
+MIN_PACKED_WEIGHTS = 2**19
+# Many rows through few blocks: every block re-reads and rewrites the whole output, so tiles of TILE_ROWS rows keep
+# it in cache. With many blocks (the feed-forward output's 3072 inputs) the extra calls cost more than the cache saves.
+TILE_ROWS = 256
+TILE_MAX_BLOCKS = 4
+
+
+@functools.cache
+def _ops() -> tuple[Any, Any] | None:
+    """oneDNN's inner product and weight reorder: private ops of torch, so looked up defensively, on first use (not
+    at import); None off x86 (where they were never measured) or in a torch without them."""
+    if not (X86 and torch.backends.mkldnn.is_available()):
+        return None
+    product = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    return None if product is None or reorder is None else (product, reorder)
+
+
+def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU can pack weights of `dtype`: fp32 on x86 with oneDNN, and bf16 where the CPU
+    computes it natively (elsewhere oneDNN would emulate it slowly)."""
+    if _ops() is None or not torch.backends.mkldnn.enabled:
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bfloat16_native())
+
+
+def can_pack(weight: Tensor) -> bool:
+    """Whether `weight` itself can be packed here: a plain 2-d CPU tensor of a supported dtype."""
+    return (
+        type(weight) in (Tensor, nn.Parameter)
+        and weight.device.type == "cpu"
+        and weight.dim() == 2
+        and packing_supported(weight.dtype)
+    )
+
+
+def pack_weight(weight: Tensor) -> tuple[Tensor, ...]:
+    """Cut `weight` (out x in) into blocks of PACKED_BLOCK input columns, each in oneDNN's blocked layout. bf16
+    stays one block: its error is the rounding of its inputs, and oneDNN accumulates it in fp32 anyway."""
+    _, reorder = _ops()
+    block = PACKED_BLOCK if weight.dtype == torch.float32 else weight.shape[1]
+    return tuple(reorder(part.contiguous()) for part in weight.detach().split(block, dim=1))
+
+
+def packed_linear(input: Tensor, blocks: tuple[Tensor, ...], bias: Tensor | None) -> Tensor:
+    """`F.linear(input, weight, bias)` on the blocks of `pack_weight(weight)`, summed block by block."""
+    rows = input.reshape(-1, input.shape[-1])
+    if rows.shape[0] > TILE_ROWS and len(blocks) <= TILE_MAX_BLOCKS:
+        tiles = [_blockwise(rows[start : start + TILE_ROWS], blocks, bias) for start in range(0, len(rows), TILE_ROWS)]
+        output = torch.cat(tiles)
+    else:
+        output = _blockwise(rows, blocks, bias)
+    return output.view(*input.shape[:-1], output.shape[-1])
+
+
+def _blockwise(rows: Tensor, blocks: tuple[Tensor, ...], bias: Tensor | None) -> Tensor:
+    product, _ = _ops()
+    pieces = _column_blocks(rows, blocks)
+    output = product(pieces[0], blocks[0], bias, "none", [], "")
+    for piece, block in zip(pieces[1:], blocks[1:], strict=True):
+        output = product.binary(piece, output, block, None, "add")
+    return output
+
+
+def _column_blocks(rows: Tensor, blocks: tuple[Tensor, ...]) -> list[Tensor]:
+    """`rows` cut into the blocks' input columns, each contiguous (oneDNN reads dense inputs only). The full blocks
+    are gathered by one copy, not one per block: at a few rows the cost of one op per block outweighs the copying."""
+    if len(blocks) == 1:
+        return [rows.contiguous()]
+    full = rows.shape[1] // PACKED_BLOCK * PACKED_BLOCK
+    pieces = list(rows[:, :full].unflatten(1, (-1, PACKED_BLOCK)).transpose(0, 1).contiguous().unbind(0))
+    return pieces if full == rows.shape[1] else [*pieces, rows[:, full:].contiguous()]
+
+
+class PackedLinear(InferenceLinear):
+    """`nn.Linear` whose CPU inference runs on its weight packed once (see the module docstring).
+
+        >>> layer = PackedLinear.from_linear(nn.Linear(768, 768))  # doctest: +SKIP
+
+    `hfbert.optimize_for_inference` swaps a model's large `nn.Linear` layers for these; `from_linear` keeps the
+    layer's parameters and hooks, so the model's parameters, state dict and optimizers see no difference.
+    """
+
+    @staticmethod
+    def supports(weight: Tensor) -> bool:
+        return can_pack(weight)
+
+    def accepts(self, input: Tensor) -> bool:
+        return input.dtype == self.weight.dtype
+
+    def build_form(self) -> tuple[Tensor, ...]:
+        return pack_weight(self.weight)
+
+    def run(self, input: Tensor) -> Tensor:
+        return packed_linear(input, self._form, self.bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", packed for oneDNN"

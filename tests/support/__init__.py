@@ -1,0 +1,1 @@
+"""Test helpers: checkpoint builders, the fake Hub, shared configs, inputs and measures."""

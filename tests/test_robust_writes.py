@@ -1,0 +1,191 @@
+"""What hfbert writes, under attack: an output is never its own input, a failed or killed run leaves the previous
+output untouched and nothing half-written (the next run cleans up after SIGKILL), and convert refuses what it
+cannot write faithfully.
+
+Everything runs in-process on a tiny checkpoint (`hfbert.cli.main`, return code and captured stderr); only the
+signal tests start a process, because a signal must hit a real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hfbert
+from converters.atomic_write import atomic_file, remove_leftovers
+
+from support.robust import assert_one_line, copy_of, partials, run
+
+# -- an output that is its own input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("link", ["same path", "symlink", "hard link"])
+def test_embed_refuses_to_write_over_its_input(tiny_mlm, tmp_path, capsys, link):
+    source = tmp_path / "n.jsonl"
+    content = '{"text": "a first text"}\n{"text": "a second one"}\n'
+    source.write_text(content)
+    out = source
+    if link == "symlink":
+        (out := tmp_path / "alias.jsonl").symlink_to(source)
+    elif link == "hard link":
+        os.link(source, out := tmp_path / "alias.jsonl")
+    code, stderr = run(capsys, "embed", tiny_mlm, "--file", source, "--out", out)
+    assert_one_line(code, stderr, "the output is the same file as the input --file")
+    assert source.read_text() == content
+
+
+# -- half-written output -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_failed_embed_leaves_the_previous_output_untouched(tiny_mlm, tmp_path, capsys, suffix):
+    previous = tmp_path / f"prev{suffix}"
+    if suffix == ".npy":
+        np.save(previous, np.arange(21, dtype=np.float32).reshape(3, 7))
+    else:
+        previous.write_text('{"index": 0, "embedding": [1.0]}\n')
+    before = previous.read_bytes()
+    source = tmp_path / "texts.jsonl"
+    lines = [json.dumps({"text": f"text number {number}"}) for number in range(20)] + ['{"no text": 1}']
+    source.write_text("\n".join(lines) + "\n")
+    code, stderr = run(capsys, "embed", tiny_mlm, "--file", source, "--out", previous, "--chunk-size", 5)
+    assert_one_line(code, stderr, f"{source}:21:")
+    assert previous.read_bytes() == before
+    assert partials(tmp_path) == []
+
+
+def test_successful_embed_replaces_the_output_whole(tiny_mlm, tmp_path, capsys):
+    out = tmp_path / "out.npy"
+    np.save(out, np.zeros((3, 7), dtype=np.float32))
+    assert run(capsys, "embed", tiny_mlm, "one", "two", "--out", out)[0] == 0
+    assert np.load(out).shape == (2, 32) and partials(tmp_path) == []
+
+
+def test_atomic_file_keeps_the_destination_on_error(tmp_path):
+    destination = tmp_path / "kept.txt"
+    destination.write_text("old")
+    with pytest.raises(RuntimeError), atomic_file(destination) as temporary:
+        temporary.write_text("half")
+        raise RuntimeError("midway")
+    assert destination.read_text() == "old" and partials(tmp_path) == []
+    with atomic_file(destination) as temporary:
+        temporary.write_text("new")
+    assert destination.read_text() == "new" and partials(tmp_path) == []
+    assert oct(destination.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- leftovers of killed runs --------------------------------------------------------------------------------------
+
+KILLED_CONVERT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from hfbert.tools import convert
+    from hfbert.cli import main
+
+    original = convert.write_safetensors
+
+    def write_then_die(tensors, directory, max_shard_size):
+        written = original(tensors, directory, max_shard_size)
+        os.kill(os.getpid(), getattr(signal, sys.argv[3]))  # the signal arrives with shards on disk
+        return written
+
+    convert.write_safetensors = write_then_die
+    sys.exit(main(["convert", sys.argv[1], sys.argv[2]]))
+    """
+)
+
+
+def convert_killed_by(source: Path, destination: Path, signal_name: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, "-c", KILLED_CONVERT, str(source), str(destination), signal_name],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tiny_mlm, tmp_path):
+    result = convert_killed_by(tiny_mlm, tmp_path / "converted", "SIGTERM")
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+def test_the_next_convert_removes_what_sigkill_left(tiny_mlm, tmp_path, capsys):
+    destination = tmp_path / "converted"
+    result = convert_killed_by(tiny_mlm, destination, "SIGKILL")
+    assert result.returncode == -signal.SIGKILL
+    left = partials(tmp_path)
+    assert len(left) == 1 and (tmp_path / left[0] / "model.safetensors").is_file()  # what SIGKILL leaves
+    assert run(capsys, "convert", tiny_mlm, destination)[0] == 0
+    assert partials(tmp_path) == [] and (destination / "model.safetensors").is_file()
+
+
+def test_leftovers_of_live_processes_are_kept(tmp_path):
+    destination = tmp_path / "out.npy"
+    mine = tmp_path / f".out.npy.partial-{os.getpid()}-abc"
+    dead = tmp_path / ".out.npy.partial-999999999-abc"  # beyond pid_max: no such process
+    other = tmp_path / ".other.npy.partial-999999999-abc"
+    for path in (mine, dead, other):
+        path.write_text("x")
+    assert remove_leftovers(destination) == [dead]
+    assert partials(tmp_path) == sorted([mine.name, other.name])
+
+
+# -- convert validates what it writes ------------------------------------------------------------------------------
+
+
+def with_tensors(source: Path, destination: Path, change) -> Path:
+    directory = copy_of(source, destination)
+    tensors = load_file(directory / "model.safetensors")
+    change(tensors)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+def scale_word_embeddings(tensors):
+    tensors["bert.embeddings.word_embeddings.weight"][:3, :5] = 1e6  # 15 values beyond fp16's 65504
+
+
+@pytest.mark.parametrize(
+    "change,arguments,expected",
+    [
+        (scale_word_embeddings, ["--dtype", "float16"], "15 values of tensor 'bert.embeddings.word_embeddings.weight'"),
+        (lambda t: t.__setitem__("cls.predictions.bias", torch.zeros(7)), [], "'cls.predictions.bias' has shape (7,)"),
+        (lambda t: t["cls.predictions.bias"].__setitem__(4, float("nan")), [], "'cls.predictions.bias' holds 1 NaN"),
+        (
+            lambda t: t.__setitem__("cls.predictions.extra", torch.zeros(3)),
+            [],
+            "unknown tensor 'cls.predictions.extra'",
+        ),
+    ],
+    ids=["fp16 overflow", "head shape", "head NaN", "unknown head tensor"],
+)
+def test_convert_refuses_what_it_cannot_write_faithfully(tiny_mlm, tmp_path, capsys, change, arguments, expected):
+    source = with_tensors(tiny_mlm, tmp_path / "source", change)
+    destination = tmp_path / "converted"
+    assert_one_line(*run(capsys, "convert", source, destination, *arguments), "hfbert convert:", expected)
+    assert not destination.exists() and partials(tmp_path) == []
+
+
+def test_convert_to_fp16_of_ordinary_weights_still_works(tiny_mlm, tmp_path, capsys):
+    assert run(capsys, "convert", tiny_mlm, tmp_path / "half", "--dtype", "float16")[0] == 0
+    assert hfbert.BertForMaskedLM.from_pretrained(tmp_path / "half").dtype == torch.float16
