@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,9 +46,23 @@ from hfbert.inference.packed import can_pack
 from hfbert.inference.swapped import InferenceLinear
 from hfbert.modeling.cpu import X86
 
-# Private ops of torch, looked up defensively: without them int8 is unavailable and hfbert stays fp32.
-_prepack = getattr(torch.ops.onednn, "qlinear_prepack", None) if X86 else None
-_int8_product = getattr(torch.ops.onednn, "qlinear_pointwise", None) if X86 else None
+
+@functools.cache
+def _ops() -> tuple[Any, Any] | None:
+    """oneDNN's int8 weight prepack and product: private ops of torch, so looked up defensively, on first use (not
+    at import); None off x86 or in a torch without them (then int8 is unavailable and hfbert stays fp32)."""
+    prepack = getattr(torch.ops.onednn, "qlinear_prepack", None) if X86 else None
+    product = getattr(torch.ops.onednn, "qlinear_pointwise", None) if X86 else None
+    return None if prepack is None or product is None else (prepack, product)
+
+
+def _prepack(*args: Any) -> Tensor:
+    return _ops()[0](*args)
+
+
+def _int8_product(*args: Any) -> Tensor:
+    return _ops()[1](*args)
+
 
 _TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row: any positive value quantizes it to zeros
 
@@ -72,7 +87,7 @@ def vnni_available() -> bool:
 def _levels() -> int | None:
     """127 where the kernel sums the worst-case products exactly, 63 where 127 would saturate, None where the
     kernel cannot run here."""
-    if _prepack is None or _int8_product is None or not torch.backends.mkldnn.is_available():
+    if _ops() is None or not torch.backends.mkldnn.is_available():
         return None
     try:
         return next((levels for levels in (127, 63) if _sums_exactly(levels)), None)
