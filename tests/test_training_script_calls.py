@@ -218,3 +218,20 @@ def test_checkpoint_error_is_caught_as_runtime_error_too(tmp_path, checkpoint):
     for expected in (RuntimeError, ValueError, hfbert.CheckpointError):
         with pytest.raises(expected, match="missing"):
             hfbert.BertModel.from_pretrained(tmp_path / "c")
+
+
+@pytest.mark.parametrize("class_name", ["BertModel", "BertForSequenceClassification", "BertForMaskedLM"])
+def test_models_are_built_from_a_transformers_config(class_name):
+    """transformers' own model tests build models from `transformers.BertConfig` objects."""
+    import transformers
+
+    config = transformers.BertConfig(**SMALL_CONFIG, num_labels=3)
+    theirs = getattr(transformers, class_name)(config).eval()
+    ours = getattr(hfbert, class_name)(config).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=False)
+    ours.tie_weights()
+    with torch.no_grad():
+        expected, got = (model(input_ids=IDS, attention_mask=MASK)[0] for model in (theirs, ours))
+    assert isinstance(ours.config, hfbert.BertConfig)
+    positions = MASK.bool() if got.dim() == 3 else None  # hidden states and MLM logits: real tokens only
+    assert max_difference(got, expected, positions) <= 1e-5

@@ -67,6 +67,7 @@ class _BertWithHead(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str | None) -> None:
         super().__init__(config)
+        config = self.config
         self.bert = BertModel(config, add_pooling_layer=add_pooling_layer, attn_implementation=attn_implementation)
 
     def encode(self, *inputs: Any) -> Any:
@@ -116,6 +117,7 @@ class BertForPreTraining(_MaskedLanguageModel):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        config = self.config
         self.cls = BertPreTrainingHeads(config, next_sentence=True)
         self.init_weights()
 
@@ -163,6 +165,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        config = self.config
         self.cls = BertPreTrainingHeads(config, next_sentence=False)
         self.init_weights()
 
@@ -240,6 +243,7 @@ class BertForNextSentencePrediction(_BertWithHead):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        config = self.config
         self.cls = BertPreTrainingHeads(config, next_sentence=True, masked_lm=False)
         self.init_weights()
 
@@ -274,6 +278,7 @@ class BertForSequenceClassification(_BertWithHead):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        config = self.config
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -331,6 +336,7 @@ class BertForTokenClassification(_BertWithHead):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        config = self.config
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -370,6 +376,7 @@ class BertForQuestionAnswering(_BertWithHead):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
+        config = self.config
         # Start / end logits at pad positions take part in the loss (as in transformers), so the encoder keeps
         # computing pad positions instead of running padding-free.
         self.bert.padding_free = False
@@ -421,6 +428,7 @@ class BertForMultipleChoice(_BertWithHead):
 
     def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
         super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
+        config = self.config
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()

@@ -169,6 +169,7 @@ class BertModel(BertPreTrainedModel):
         padding_free: bool = True,
     ) -> None:
         super().__init__(config)
+        config = self.config  # hfbert's own, also when a transformers config was given
         # An explicit argument wins, then what the config says (transformers' `config._attn_implementation`).
         self.attn_implementation = attn_implementation or config._attn_implementation or DEFAULT_ATTENTION
         self.padding_free = padding_free
