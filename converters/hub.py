@@ -2,22 +2,31 @@
 
 A local directory is used as it is, with no network. A repo id is resolved to one commit sha first, so every
 file comes from the same revision even while `main` moves; then only the files hfbert uses are downloaded into
-the standard Hugging Face cache (`HF_HOME` / `HF_HUB_CACHE` honoured), with huggingface_hub's progress bars:
-`config.json`, the preferred weight file (see `checkpoint_files.WEIGHT_FILE_PREFERENCE`; `pytorch_model.bin`
-only when the repo has no safetensors) with its shards, and, when asked, the tokenizer files. Never the
-TensorFlow, Flax, Rust, ONNX or Core ML files. Every LFS file is checked against the sha256 the Hub publishes,
-also when it was already cached.
+the standard Hugging Face cache (`HF_HOME` / `HF_HUB_CACHE` honoured, or `cache_dir`), with huggingface_hub's
+progress bars: `config.json`, the preferred weight file (see `checkpoint_files.WEIGHT_FILE_PREFERENCE`;
+`pytorch_model.bin` only when the repo has no safetensors) with its shards, and, when asked, the tokenizer files
+and the sentence-transformers files (`SENTENCE_TRANSFORMERS_FILES`: modules.json, 1_Pooling/config.json, ...,
+which `hfbert embed` reads). Never the TensorFlow, Flax, Rust, ONNX or Core ML files. `token` is passed to
+huggingface_hub (default: its own, from `hf auth login` or HF_TOKEN).
 
-With `HF_HUB_OFFLINE=1` (or `offline=True`) no network call is made: the cached snapshot is used, and each LFS
-file is checked against the sha256 that names its blob in the cache.
+Every LFS file is checked against the sha256 the Hub publishes (offline: the sha256 that names its blob in the
+cache), also when it was already cached. Hashing a 440 MB file takes about a second, so a proof is kept: after
+a blob hashes right, `<repo folder>/.hfbert-verified/<sha256>` records the blob's size, inode, mtime and ctime;
+a later check of the same, unchanged blob (every one of those equal) is not rehashed. Any write to the blob, a
+`touch`, a copy over it or a replacement changes its ctime (which no user call can set back), so an altered
+blob is always hashed again and caught. A cache that is not writable keeps no proof and is hashed every time.
+
+With `HF_HUB_OFFLINE=1` (or `offline=True`) no network call is made: the cached snapshot is used.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +42,38 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
 )
+# The sentence-transformers files a checkpoint may carry beside the backbone, as fnmatch patterns of paths
+# relative to the checkpoint directory ("/" separated, as on the Hub). Module folders are named "<index>_<Type>"
+# by sentence-transformers (1_Pooling, 2_Dense, 2_Normalize or 3_Normalize, ...), hence the leading "[0-9]*_".
+# Both on-disk formats are covered: the one most Hub checkpoints carry (sentence_bert_config.json with
+# max_seq_length, pooling booleans in 1_Pooling/config.json, an empty or absent 2_Normalize/) and the one
+# sentence-transformers 6.x writes (a config.json in every module folder, Normalize's included). Dense weights
+# come as model.safetensors (6.x) or pytorch_model.bin (older). `sentence_transformers_files` applies them.
+SENTENCE_TRANSFORMERS_FILES = (
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "README.md",
+    "[0-9]*_Pooling/config.json",
+    "[0-9]*_Normalize/config.json",
+    "[0-9]*_Dense/config.json",
+    "[0-9]*_Dense/model.safetensors",
+    "[0-9]*_Dense/pytorch_model.bin",
+)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def sentence_transformers_files(relative_paths: Iterable[str]) -> list[str]:
+    """The paths among `relative_paths` ("/"-separated, relative to a checkpoint) that are
+    sentence-transformers files (`SENTENCE_TRANSFORMERS_FILES`), in the order given."""
+    return [
+        path
+        for path in relative_paths
+        if any(
+            fnmatch.fnmatchcase(path, pattern) and path.count("/") == pattern.count("/")
+            for pattern in SENTENCE_TRANSFORMERS_FILES
+        )
+    ]
 
 
 @dataclass
@@ -52,8 +92,12 @@ def resolve_checkpoint(
     *,
     include_tokenizer: bool = False,
     include_weights: bool = True,
+    include_sentence_transformers: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
 ) -> Path:
-    """A local directory holding config.json, the weights and (if asked) the tokenizer files for the source."""
+    """A local directory holding config.json, the weights and (if asked) the tokenizer and sentence-transformers
+    files for the source. `cache_dir` and `token` apply to Hub repo ids, as in huggingface_hub."""
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir():
         if revision is not None:
@@ -62,7 +106,16 @@ def resolve_checkpoint(
     text = os.fspath(path_or_repo_id)
     if looks_like_local_path(path_or_repo_id):
         raise CheckpointError(f"{text}: not a checkpoint directory (expected a folder holding config.json and weights)")
-    return download(text, revision, include_tokenizer=include_tokenizer, include_weights=include_weights).directory
+    snapshot = download(
+        text,
+        revision,
+        cache_dir=cache_dir,
+        token=token,
+        include_tokenizer=include_tokenizer,
+        include_weights=include_weights,
+        include_sentence_transformers=include_sentence_transformers,
+    )
+    return snapshot.directory
 
 
 def looks_like_local_path(path_or_repo_id: str | os.PathLike) -> bool:
@@ -87,21 +140,23 @@ def download(
     offline: bool = False,
     include_tokenizer: bool = False,
     include_weights: bool = True,
+    include_sentence_transformers: bool = False,
+    token: str | bool | None = None,
 ) -> Snapshot:
     """Download (or find in the cache) what hfbert loads from `repo_id`, verified; see the module docstring."""
     from huggingface_hub import HfApi, constants
 
     if offline or constants.HF_HUB_OFFLINE:
         reason = "offline mode was asked for" if offline else "HF_HUB_OFFLINE is set"
-        return cached_snapshot(repo_id, revision, cache_dir, reason)
+        return cached_snapshot(repo_id, revision, cache_dir, reason, token)
     try:
         with hub_errors(repo_id, revision):
-            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+            info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
     except CheckpointError:
         raise
     except Exception as error:  # no network, DNS failure, timeout, server error: fall back to the cache
         reason = f"the Hub is unreachable ({type(error).__name__}: {error})"
-        return cached_snapshot(repo_id, revision, cache_dir, reason)
+        return cached_snapshot(repo_id, revision, cache_dir, reason, token)
 
     siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
     weight_file = next((name for name in WEIGHT_FILE_PREFERENCE if name in siblings), None)
@@ -115,13 +170,15 @@ def download(
         wanted.append(weight_file)
     if include_tokenizer:
         wanted += [name for name in TOKENIZER_FILES if name in siblings]
+    if include_sentence_transformers:
+        wanted += sentence_transformers_files(siblings)
     snapshot = Snapshot(directory=Path(), commit=info.sha)
     for filename in wanted:
-        _fetch(repo_id, filename, snapshot, siblings, cache_dir)
+        _fetch(repo_id, filename, snapshot, siblings, cache_dir, token)
     if include_weights and weight_file in (SAFETENSORS_INDEX, PICKLE_INDEX):
         index = snapshot.directory / weight_file
         for shard in dict.fromkeys(read_shard_index(index, must_exist=False).values()):
-            _fetch(repo_id, shard.name, snapshot, siblings, cache_dir)
+            _fetch(repo_id, shard.name, snapshot, siblings, cache_dir, token)
     _record_revision(snapshot, revision or "main")
     return snapshot
 
@@ -138,7 +195,7 @@ def _record_revision(snapshot: Snapshot, revision: str) -> None:
     os.replace(temporary, ref)
 
 
-def _fetch(repo_id: str, filename: str, snapshot: Snapshot, siblings: dict, cache_dir) -> None:
+def _fetch(repo_id: str, filename: str, snapshot: Snapshot, siblings: dict, cache_dir, token=None) -> None:
     from huggingface_hub import hf_hub_download
 
     sibling = siblings.get(filename)
@@ -146,14 +203,15 @@ def _fetch(repo_id: str, filename: str, snapshot: Snapshot, siblings: dict, cach
         raise CheckpointError(f"{repo_id}@{snapshot.commit}: file '{filename}' is named but not in the repository")
     try:
         with hub_errors(repo_id, snapshot.commit):
-            local = Path(hf_hub_download(repo_id, filename, revision=snapshot.commit, cache_dir=cache_dir))
+            local = Path(hf_hub_download(repo_id, filename, revision=snapshot.commit, cache_dir=cache_dir, token=token))
     except CheckpointError:
         raise
     except Exception as error:
         raise CheckpointError(
             f"{repo_id}/{filename}: download failed ({type(error).__name__}: {error}); run the command again to resume"
         ) from None
-    snapshot.directory = local.parent
+    # A file in a module folder (1_Pooling/config.json) lies one level deeper than the snapshot root.
+    snapshot.directory = local.parents[filename.count("/")]
     snapshot.files.append(filename)
     if sibling.lfs is not None:
         expected = sibling.lfs.sha256
@@ -183,25 +241,31 @@ def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
         raise CheckpointError(f"{repo_id}: neither a local directory nor a valid repo id ({error})") from None
 
 
-def cached_snapshot(repo_id: str, revision: str | None, cache_dir, reason: str) -> Snapshot:
+def cached_snapshot(repo_id: str, revision: str | None, cache_dir, reason: str, token=None) -> Snapshot:
     """The cached snapshot of `repo_id` at `revision`, with no network call; LFS blobs verified by their names."""
     from huggingface_hub import constants, snapshot_download
 
     try:
-        directory = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True))
+        directory = Path(
+            snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True, token=token)
+        )
     except Exception:
         raise CheckpointError(
             f"{repo_id}: not found in the Hugging Face cache ({cache_dir or constants.HF_HUB_CACHE}) and {reason}. "
             f"Download it once with network access, or pass a local directory."
         ) from None
     snapshot = Snapshot(directory=directory, commit=directory.name)
-    for file in sorted(directory.iterdir()):
-        snapshot.files.append(file.name)
+    nested = sentence_transformers_files(
+        path.relative_to(directory).as_posix() for path in directory.glob("*/*") if not path.is_dir()
+    )  # the module folders hfbert reads (1_Pooling/, 2_Dense/), not onnx/ or openvino/
+    for file in sorted([path for path in directory.iterdir() if not path.is_dir()] + [directory / n for n in nested]):
+        name = file.relative_to(directory).as_posix()
+        snapshot.files.append(name)
         # In the cache an LFS file is a link to blobs/<sha256 of its content>: check the content still fits.
         blob_name = Path(os.readlink(file)).name if file.is_symlink() else ""
         if _SHA256.fullmatch(blob_name):
-            verify_sha256(file, blob_name, repo_id, file.name)
-            snapshot.verified_sha256[file.name] = blob_name
+            verify_sha256(file, blob_name, repo_id, name)
+            snapshot.verified_sha256[name] = blob_name
     return snapshot
 
 
@@ -214,10 +278,65 @@ def sha256_of(path: Path) -> str:
 
 
 def verify_sha256(path: Path, expected: str, repo_id: str, filename: str) -> None:
+    """Raise CheckpointError unless the content of `path` has sha256 `expected`. A blob of the Hugging Face
+    cache that already hashed right and has not changed since (its proof, see the module docstring) is not
+    hashed again."""
+    blob = path.resolve()
+    if _proven(blob, expected):
+        return
+    before = _fingerprint(blob)
     actual = sha256_of(path)
     if actual != expected:
-        blob = path.resolve()
         raise CheckpointError(
             f"{repo_id}/{filename}: sha256 mismatch: expected {expected}, got {actual} (the file at {blob} is "
             f"corrupted or was altered). Fix: delete {blob} and {path}, then download again."
         )
+    if _fingerprint(blob) == before:  # not changed while it was hashed
+        _record_proof(blob, expected, before)
+
+
+PROOF_FOLDER = ".hfbert-verified"
+
+
+def _proof_path(blob: Path, sha256: str) -> Path | None:
+    """Where the proof of a cache blob lies (`<repo>/.hfbert-verified/<sha256>`); None for a file that is not a
+    blob of a Hugging Face cache (named by its sha256 in a `blobs` folder)."""
+    if blob.parent.name != "blobs" or blob.name != sha256:
+        return None
+    return blob.parent.parent / PROOF_FOLDER / sha256
+
+
+def _fingerprint(blob: Path) -> dict[str, int]:
+    status = blob.stat()
+    return {
+        "size": status.st_size,
+        "device": status.st_dev,
+        "inode": status.st_ino,
+        "mtime_ns": status.st_mtime_ns,
+        "ctime_ns": status.st_ctime_ns,
+    }
+
+
+def _proven(blob: Path, sha256: str) -> bool:
+    proof = _proof_path(blob, sha256)
+    if proof is None:
+        return False
+    try:
+        return json.loads(proof.read_text(encoding="utf-8")) == _fingerprint(blob)
+    except (OSError, ValueError):
+        return False
+
+
+def _record_proof(blob: Path, sha256: str, fingerprint: dict[str, int]) -> None:
+    """Keep the proof that `blob`, as `fingerprint` describes it, hashed to `sha256`; silently none where the
+    cache is read-only."""
+    proof = _proof_path(blob, sha256)
+    if proof is None:
+        return
+    try:
+        proof.parent.mkdir(exist_ok=True)
+        temporary = proof.with_name(f".{proof.name}.tmp-{os.getpid()}")
+        temporary.write_text(json.dumps(fingerprint), encoding="utf-8")
+        os.replace(temporary, proof)
+    except OSError:
+        pass

@@ -8,16 +8,18 @@
 5. with `strict=True` any problem raises `CheckpointError` before the model is touched: never half-loaded.
    One exception, as every fine-tuning recipe expects: a task head the checkpoint does not have at all (a
    classifier on top of bert-base-uncased) is initialised as transformers does and reported as a new head;
-6. assign the tensors as the parameters (`load_state_dict(assign=True)`), casting only if `dtype` asks, then
-   tie the MLM decoder to the word embeddings.
+6. assign the tensors as the parameters (`load_state_dict(assign=True)`), casting only if `dtype` asks (a cast
+   that turns finite weights into Inf, fp32 1e6 -> fp16, is refused as a stored Inf is), then tie the MLM decoder
+   to the word embeddings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,8 +54,7 @@ def load_pretrained(
     kwargs go to the model's constructor (e.g. `add_pooling_layer=False`). The attention implementation is set on
     the config (`config._attn_implementation`), where every model reads it, not passed to the constructor."""
     config_class = model_class.config_class
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype={dtype} is not a floating-point dtype")
+    check_requested_dtype(dtype)
     directory = resolve_checkpoint(path_or_repo_id, revision)
     if config is None:
         config = config_class.from_json_file(directory / CONFIG_FILE)
@@ -101,7 +102,11 @@ def load_pretrained(
     report.initialized.extend(reinitialised)
 
     dtype = dtype or _stored_dtype(state, checkpoint)
+    stored = state
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
+    for name, tensor in state.items():  # before anything is assigned: an overflow leaves no model behind
+        origin = functools.partial(_origin, name, checkpoint, heads, model.base_prefix)
+        check_cast(name, stored[name], tensor, origin, "load as")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     left_on_meta = [name for name, parameter in model.named_parameters() if parameter.is_meta]
@@ -112,6 +117,44 @@ def load_pretrained(
     if output_loading_info:
         return model, report.to_loading_info()
     return model
+
+
+def check_requested_dtype(dtype: torch.dtype | None) -> None:
+    """A requested `dtype` is checked as a stored one is: one the kernels run (fp8 / fp4 would load into a model
+    whose first forward raises NotImplementedError), else ValueError naming the accepted ones."""
+    if dtype is not None and dtype not in PARAMETER_DTYPES:
+        raise ValueError(
+            f"dtype={dtype_name(dtype)}: parameters must be one of "
+            f"{', '.join(dtype_name(dtype) for dtype in PARAMETER_DTYPES)} (BERT's kernels do not run {dtype})"
+        )
+
+
+def check_cast(name: str, original: Tensor, result: Tensor, where: str | Callable[[], str], action: str) -> None:
+    """Raise `CheckpointError` when `result` (`original` cast to another dtype) holds Inf values that `original`
+    did not: finite weights beyond the new dtype's range (65504 for float16). `where` names the file (or finds it,
+    only when there is something to report), `action` the operation ("load as", "convert to"). Reads `result` once
+    when it is finite, the usual case."""
+    if result.dtype == original.dtype or not result.is_floating_point() or not non_finite(result):
+        return
+    overflowed = int((result.isinf().cpu() & ~original.isinf().cpu()).sum())
+    if not overflowed:
+        return
+    largest = original[original.isfinite()].abs().max().item()
+    wider = " or use bfloat16" if result.dtype == torch.float16 else ""
+    where = where if isinstance(where, str) else where()
+    raise CheckpointError(
+        f"{where}: cannot {action} {dtype_name(result.dtype)}: {overflowed:,} values of tensor '{name}' overflow to "
+        f"Inf (largest magnitude {largest:.4g}; {dtype_name(result.dtype)} holds at most "
+        f"{torch.finfo(result.dtype).max:.6g}); keep {dtype_name(original.dtype)}{wider}"
+    )
+
+
+def _origin(target: str, checkpoint: CheckpointTensors, model_heads: tuple[str, ...], base_prefix: str) -> str:
+    """The file a model parameter was read from ("the checkpoint's files" for one it initialised)."""
+    for name, file in checkpoint.origin.items():
+        if map_key(name, model_heads, base_prefix).target == target:
+            return str(file)
+    return ", ".join(str(file) for file in checkpoint.files)
 
 
 @contextmanager

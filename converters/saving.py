@@ -2,7 +2,10 @@
 
 config.json (with `architectures` naming the class), `model.safetensors` or shards + index (or
 `pytorch_model.bin` when `safe_serialization=False`), tied weights stored once, and the tokenizer files of the
-checkpoint the model was loaded from.
+checkpoint the model was loaded from; for a backbone (`BertModel`) also its sentence-transformers files
+(modules.json, 1_Pooling/, ...), so `SentenceTransformer(folder)` keeps the checkpoint's pooling and Normalize.
+Files of those kinds that an earlier save into the same folder left and this one does not write are removed
+(`converters.writing.atomic_directory`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch import Tensor, nn
 
 from converters.dtypes import dtype_name
 from converters.hub import CONFIG_FILE
-from converters.writing import atomic_directory, copy_tokenizer_files, write_pickle, write_safetensors
+from converters.writing import atomic_directory, copy_model_files, write_pickle, write_safetensors
 
 
 def save_model(
@@ -47,5 +50,6 @@ def save_model(
         (temporary / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         written.append(CONFIG_FILE)
         if model.name_or_path and Path(model.name_or_path).is_dir():
-            written += copy_tokenizer_files(Path(model.name_or_path), temporary)
+            backbone = not model.base_prefix  # BertModel: what a sentence-transformers pipeline runs
+            written += copy_model_files(Path(model.name_or_path), temporary, sentence_transformers=backbone)
     return written

@@ -1,7 +1,13 @@
 """Writing checkpoints: safetensors files (sharded above a size limit) into a directory that appears atomically.
 
-Used by `hfbert convert` and `save_pretrained`. Shard names and the index follow transformers:
-`model-00001-of-00003.safetensors` and `model.safetensors.index.json` with `metadata.total_size`.
+Used by `hfbert convert` and `save_pretrained`. Shards are cut by huggingface_hub's
+`split_torch_state_dict_into_shards`, as transformers' `save_pretrained` cuts them, so the files are the ones
+transformers writes: `model-00001-of-00003.safetensors` and `model.safetensors.index.json` with
+`metadata.total_parameters` / `metadata.total_size`, keys sorted, two-space indent.
+
+A save into a folder that held another model leaves a folder that describes one model: the files of the kinds
+hfbert writes (weights, config.json, tokenizer files, sentence-transformers files) that the new save does not
+write are removed; every other file (a README.md, the user's notes) is left alone.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -19,20 +25,31 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from converters.atomic_write import temporary_sibling
-from converters.checkpoint_files import PICKLE_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX
-from converters.hub import TOKENIZER_FILES
+from converters.atomic_write import follow_umask, mode_for, temporary_sibling
+from converters.checkpoint_files import PICKLE_FILE, SAFETENSORS_INDEX
+from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sentence_transformers_files
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+# Our own parser, not huggingface_hub's `parse_size_to_int`, which (2.4) raises OverflowError on "1e400GB" and on a
+# 400-digit size, takes "-5GB" (every tensor then gets a shard of its own) and knows neither "500B" nor "500MiB".
+# Its decimal units give the same byte counts as ours (tests/test_convert_inspect.py checks it).
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _MAX_SHARD_SIZE = 10**15  # beyond any disk: a larger value is a typo
+_SHARD_PATTERN = "model{suffix}.safetensors"
+# Weight files of any earlier save (transformers' and hfbert's names, safetensors and pickle, whole or sharded).
 _WEIGHT_FILE = re.compile(
-    r"^(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|pytorch_model\.bin)$"
+    r"^(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
+    r"|pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json)$"
 )
+# sentence-transformers' model card: copied by neither convert nor save_pretrained, so a README.md in a save
+# folder is the user's and never removed.
+_MODEL_CARD = "README.md"
+_MODULE_FOLDER = re.compile(r"^[0-9]+_")  # sentence-transformers' module folders: 1_Pooling, 2_Dense, ...
 
 
 def parse_size(text: str | int) -> int:
-    """'2GB' -> 2_000_000_000 (decimal units, as transformers; KiB/MiB/GiB binary)."""
+    """'2GB' -> 2_000_000_000 (decimal units, as transformers and huggingface_hub; KiB/MiB/GiB/TiB binary)."""
     if isinstance(text, int) and not isinstance(text, bool):
         size = text
     else:
@@ -47,33 +64,45 @@ def parse_size(text: str | int) -> int:
 
 
 def write_safetensors(tensors: dict[str, Tensor], directory: Path, max_shard_size: str | int) -> list[str]:
-    """Write one file, or shards of at most `max_shard_size` bytes plus an index; return the file names."""
+    """Write one file, or shards of at most `max_shard_size` bytes plus an index; return the file names.
+
+    The split is huggingface_hub's, computed on meta stand-ins (shape and dtype only): each tensor counts its own
+    bytes, as in transformers' saves of a model's parameters, where `get_torch_storage_size` would count the whole
+    storage of a view (a slice of a fused matrix) and force tensors sharing one storage into one shard. Only one
+    shard at a time is copied, and only the tensors safetensors cannot write as they are.
+    """
+    from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
     limit = parse_size(max_shard_size)
-    shards: list[dict[str, Tensor]] = [{}]
-    shard_bytes = 0
+    stand_ins = {name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta") for name, tensor in tensors.items()}
+    split = split_torch_state_dict_into_shards(stand_ins, filename_pattern=_SHARD_PATTERN, max_shard_size=limit)
+    for filename, names in split.filename_to_tensors.items():
+        save_file(_standalone({name: tensors[name] for name in names}), directory / filename, metadata={"format": "pt"})
+    written = list(split.filename_to_tensors)
+    if split.is_sharded:
+        parameters = sum(tensor.numel() for tensor in tensors.values())
+        index = {"metadata": {"total_parameters": parameters, **split.metadata}, "weight_map": split.tensor_to_filename}
+        (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        written.append(SAFETENSORS_INDEX)
+    return written
+
+
+def _standalone(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The tensors as safetensors writes them: contiguous, each the whole of its own storage (it refuses tensors
+    that share memory, e.g. views into one pickled storage); those that are not are copied."""
+    result, seen = {}, set()
     for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.element_size()
-        if shards[-1] and shard_bytes + size > limit:
-            shards.append({})
-            shard_bytes = 0
-        # clone: safetensors refuses tensors that share storage (e.g. views into one memory-mapped pickle)
-        shards[-1][name] = tensor.detach().contiguous().clone()
-        shard_bytes += size
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], directory / SAFETENSORS_FILE, metadata=metadata)
-        return [SAFETENSORS_FILE]
-    names = [f"model-{index:05d}-of-{len(shards):05d}.safetensors" for index in range(1, len(shards) + 1)]
-    weight_map = {}
-    for name, shard in zip(names, shards, strict=True):
-        save_file(shard, directory / name, metadata=metadata)
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return [*names, SAFETENSORS_INDEX]
+        tensor = tensor.detach()
+        storage = tensor.untyped_storage()
+        whole = tensor.is_contiguous() and tensor.storage_offset() == 0
+        whole = whole and storage.nbytes() == tensor.numel() * tensor.element_size()
+        if not whole or (storage.nbytes() and storage.data_ptr() in seen):
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        elif storage.nbytes():
+            seen.add(storage.data_ptr())
+        result[name] = tensor
+    return result
 
 
 def write_pickle(
@@ -92,35 +121,84 @@ def atomic_directory(destination: Path, *, replace_files: bool = False) -> Itera
     """Yield a temporary directory beside `destination`; on success it becomes `destination`, on any error it is
     removed and `destination` is untouched.
 
-    A new destination appears by one rename. With `replace_files=True` an existing destination is updated file by
-    file (each `os.replace` is atomic), and weight files of an earlier save that the new one does not write are
-    removed afterwards, so old shards never mix with new ones.
+    A new destination appears by one rename, with the permissions `mkdir()` / `open()` give under the umask (not
+    mkdtemp's 0700). With `replace_files=True` an existing destination is updated file by file (each `os.replace`
+    is atomic; a file replaced keeps its mode), and the files of hfbert's kinds an earlier save left that this
+    one does not write are removed afterwards (`remove_stale_files`), so the folder describes one model: old
+    shards never mix with new ones, and another model's tokenizer or sentence-transformers pipeline does not
+    outlive it.
     """
     # Beside the destination, named after this process: a run killed by SIGKILL leaves it behind, and the next
     # write to this destination removes it (converters.atomic_write.remove_leftovers).
     temporary = temporary_sibling(destination, directory=True)
     try:
         yield temporary
+        follow_umask(temporary)
         if not destination.exists():
             os.rename(temporary, destination)
             return
         if not replace_files:
             raise FileExistsError(f"{destination}: already exists")
-        written = {file.name for file in temporary.iterdir()}
-        for file in temporary.iterdir():
-            if file.is_dir():
-                shutil.rmtree(destination / file.name, ignore_errors=True)
-            os.replace(file, destination / file.name)
-        for stale in destination.iterdir():
-            if _WEIGHT_FILE.match(stale.name) and stale.name not in written:
-                stale.unlink()
+        written = _relative_files(temporary)
+        for relative in written:
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(temporary / relative, mode_for(target))
+            os.replace(temporary / relative, target)
+        remove_stale_files(destination, written)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
-    """Copy the tokenizer files `source` has into `destination`; returns their names."""
+def _relative_files(root: Path) -> list[str]:
+    """Every file under `root`, as "/"-separated paths relative to it (as on the Hub)."""
+    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if not path.is_dir())
+
+
+def is_checkpoint_file(relative: str) -> bool:
+    """True for a path (relative to a checkpoint folder) of a kind hfbert writes: weights, config.json, tokenizer
+    files, sentence-transformers files (README.md excepted: the user's)."""
+    if relative in (CONFIG_FILE, *TOKENIZER_FILES) or _WEIGHT_FILE.match(relative):
+        return True
+    return relative != _MODEL_CARD and bool(sentence_transformers_files([relative]))
+
+
+def remove_stale_files(directory: Path, written: Iterable[str]) -> list[str]:
+    """Remove the files of hfbert's kinds in `directory` that are not among `written` (relative paths): what an
+    earlier save of another model left. Folders this empties (`1_Pooling/`) go too; nothing else is touched (a
+    Trainer's `checkpoint-500/` is not looked into). Returns the paths removed."""
+    written = set(written)
+    stale = [relative for relative in _candidates(directory) if is_checkpoint_file(relative)]
+    stale = [relative for relative in stale if relative not in written]
+    for relative in stale:
+        (directory / relative).unlink(missing_ok=True)
+        parent = (directory / relative).parent
+        if parent != directory and not any(parent.iterdir()):
+            parent.rmdir()
+    return stale
+
+
+def _candidates(directory: Path) -> list[str]:
+    """The files directly in `directory`, and those one level down in folders named as sentence-transformers
+    names its module folders ("1_Pooling"): every place a file of hfbert's kinds can be."""
+    found = []
+    for entry in os.scandir(directory):
+        if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+            found.append(entry.name)
+        elif entry.is_dir(follow_symlinks=False) and _MODULE_FOLDER.match(entry.name):
+            found += [f"{entry.name}/{inner.name}" for inner in os.scandir(entry.path) if not inner.is_dir()]
+    return found
+
+
+def copy_model_files(source: Path, destination: Path, *, sentence_transformers: bool) -> list[str]:
+    """Copy the tokenizer files `source` has into `destination`, and with `sentence_transformers` (a backbone,
+    which `SentenceTransformer(folder)` can run) its sentence-transformers files (modules.json, 1_Pooling/, ...),
+    so the pipeline the checkpoint describes (pooling, Normalize, max_seq_length) survives. Returns their paths."""
     copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
-    for name in copied:
-        shutil.copyfile(source / name, destination / name)
+    if sentence_transformers and source.is_dir():
+        present = _relative_files(source)
+        copied += [path for path in sentence_transformers_files(present) if path != _MODEL_CARD]
+    for relative in copied:
+        (destination / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / relative, destination / relative)
     return copied

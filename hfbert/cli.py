@@ -5,6 +5,20 @@ docs/cli.md, which `python docs/cli_reference.py` writes from it. Exit code 0 on
 one-line reason on stderr (`parity`: 1 also when an output is less accurate than transformers' own against float64,
 see hfbert/tools/parity.py). 2 for a usage error, or when an optional dependency is missing (the message says what
 to install).
+
+Conventions, the same on every command (where the issue tracker was silent, as huggingface_hub's `hf` does):
+
+- `hfbert --version` prints the version; `hfbert` with no command prints the help on stderr and exits 2 (as
+  `hf`); `python -m hfbert` is `hfbert`;
+- every command that takes a model takes a local directory or a Hub repo id, with `--revision`, `--cache-dir`
+  and `--token` (huggingface_hub's meanings), and every command that runs one takes `--device` (checked by
+  `compute_device`: `cpu`, `cuda`, `cuda:N`, `mps` where torch has it) and `--dtype`;
+- every command that reports takes `--json` (to stdout, or to a file where the command also prints a table);
+- a file argument `-` is standard input; no text at all is a usage error;
+- a command never writes over one of its inputs: an output that is an input file, or a file of an input
+  checkpoint, is refused before anything runs (`refuse_overwriting_inputs`);
+- warnings (such as bf16 emulated on this CPU) are one line on stderr; progress goes to stderr, as lines when
+  stderr is not a terminal (`hfbert.tools.progress`).
 """
 
 from __future__ import annotations
@@ -12,14 +26,109 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from converters.atomic_write import exit_on_sigterm
 from converters.dtypes import DTYPES
 from hfbert.inference.optimize import QUANTIZATIONS
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
+
+POOLING_CHOICES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+
+# -- shared by the commands -----------------------------------------------------------------------------------
+
+
+def resolve_model(arguments: argparse.Namespace, source: str, **include: bool) -> Path:
+    """The local directory of a model argument (a repo id is downloaded, verified, with --revision, --cache-dir
+    and --token); `include`: what besides config and weights (include_tokenizer=..., ...)."""
+    from converters.hub import resolve_checkpoint
+
+    return Path(
+        resolve_checkpoint(
+            source,
+            getattr(arguments, "revision", None),
+            cache_dir=getattr(arguments, "cache_dir", None),
+            token=getattr(arguments, "token", None),
+            **include,
+        )
+    )
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    """The files of a checkpoint directory and of its module folders (1_Pooling/...), one level deep."""
+    files = []
+    for entry in sorted(directory.iterdir()):
+        if entry.is_dir():
+            files += [child for child in sorted(entry.iterdir()) if child.is_file()]
+        elif entry.is_file():
+            files.append(entry)
+    return files
+
+
+def _is_checkpoint_file_name(relative: str) -> bool:
+    """Whether a path relative to a checkpoint is a name hfbert or transformers would load (config, weights,
+    tokenizer, sentence-transformers files), so that creating it would change the checkpoint."""
+    import fnmatch
+
+    from converters.checkpoint_files import WEIGHT_FILE_PREFERENCE
+    from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sentence_transformers_files
+
+    patterns = (CONFIG_FILE, *WEIGHT_FILE_PREFERENCE, *TOKENIZER_FILES, "model-*.safetensors", "pytorch_model-*.bin")
+    if "/" not in relative and any(fnmatch.fnmatchcase(relative, pattern) for pattern in patterns):
+        return True
+    return bool(sentence_transformers_files([relative]))
+
+
+def refuse_overwriting_inputs(
+    outputs: Mapping[str, str | os.PathLike | None],
+    files: Mapping[str, str | os.PathLike | None] = {},  # noqa: B006 - read only
+    checkpoints: Mapping[str, Path | None] = {},  # noqa: B006 - read only
+) -> None:
+    """ValueError, before anything runs, when an output (option -> path; None or "-" is stdout) is one of the
+    input `files` (same file, also through links), a file of an input checkpoint directory (also a blob of the
+    Hugging Face cache its snapshot links to), a file a checkpoint loader would read there once created, or
+    another output."""
+    from converters.atomic_write import refuse_same_file
+
+    named = {option: Path(path) for option, path in outputs.items() if path is not None and os.fspath(path) != "-"}
+    seen: dict[Path, str] = {}
+    for option, output in named.items():
+        where = output.absolute()
+        if where in seen:
+            raise ValueError(f"{output}: {seen[where]} and {option} name the same file; give each its own")
+        seen[where] = option
+        refuse_same_file(output, {name: path for name, path in files.items() if path is not None and path != "-"})
+        for description, directory in checkpoints.items():
+            if directory is None:
+                continue
+            if output.exists() and any(os.path.samefile(output, file) for file in _checkpoint_files(directory)):
+                raise ValueError(
+                    f"{option} {output}: the output is a file of the checkpoint {description} ({directory}); refusing "
+                    f"to overwrite it, choose another output"
+                )
+            try:
+                relative = where.resolve().relative_to(directory.resolve()).as_posix()
+            except ValueError:
+                continue
+            if _is_checkpoint_file_name(relative):
+                raise ValueError(
+                    f"{option} {output}: would become the file {relative} of the checkpoint {description} "
+                    f"({directory}) and change what loads from it; choose another output"
+                )
+
+
+def _json_dump(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+# -- the commands ---------------------------------------------------------------------------------------------
 
 
 def download_command(arguments: argparse.Namespace) -> None:
@@ -31,7 +140,14 @@ def download_command(arguments: argparse.Namespace) -> None:
         cache_dir=arguments.cache_dir,
         offline=arguments.offline,
         include_tokenizer=True,
+        include_sentence_transformers=True,
+        token=arguments.token,
     )
+    if arguments.json:
+        files = [{"name": name, "sha256_verified": snapshot.verified_sha256.get(name)} for name in snapshot.files]
+        report = {"repo_id": arguments.repo_id, "revision": snapshot.commit, "snapshot": str(snapshot.directory)}
+        print(_json_dump({**report, "files": files}))
+        return
     for name in snapshot.files:
         verified = snapshot.verified_sha256.get(name)
         print(f"  {name:<36} {'sha256 ' + verified + ' verified' if verified else ''}".rstrip())
@@ -42,8 +158,9 @@ def download_command(arguments: argparse.Namespace) -> None:
 def convert_command(arguments: argparse.Namespace) -> None:
     from hfbert.tools.convert import convert
 
+    source = resolve_model(arguments, arguments.source, include_tokenizer=True, include_sentence_transformers=True)
     written = convert(
-        arguments.source,
+        source,
         arguments.destination,
         dtype=DTYPES[arguments.dtype] if arguments.dtype else None,
         max_shard_size=arguments.max_shard_size,
@@ -52,10 +169,10 @@ def convert_command(arguments: argparse.Namespace) -> None:
 
 
 def inspect_command(arguments: argparse.Namespace) -> None:
-    from converters.hub import resolve_checkpoint
-    from hfbert.tools.inspect import describe
+    from hfbert.tools.inspect import describe, summary
 
-    print(describe(resolve_checkpoint(arguments.source, include_tokenizer=True)))
+    directory = resolve_model(arguments, arguments.source, include_tokenizer=True)
+    print(_json_dump(summary(directory)) if arguments.json else describe(directory))
 
 
 def parity_command(arguments: argparse.Namespace) -> int:
@@ -65,43 +182,62 @@ def parity_command(arguments: argparse.Namespace) -> int:
     if arguments.plot:
         import_pyplot()  # fail before the run, not after it
     for option, path in (("--json", arguments.json), ("--plot", arguments.plot)):
-        if path and not Path(path).resolve().parent.is_dir():
+        if path and path != "-" and not Path(path).resolve().parent.is_dir():
             raise ValueError(f"{option} {path}: the folder {Path(path).resolve().parent} does not exist")
+    directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
+    reference = None
+    if arguments.reference is not None:
+        from converters.hub import resolve_checkpoint
+
+        reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
+    refuse_overwriting_inputs(
+        {"--json": arguments.json, "--plot": arguments.plot},
+        {"--texts": arguments.texts},
+        {"MODEL": directory, "--reference": reference},
+    )
     report = run_parity(
-        arguments.model,
+        directory,
         device=arguments.device,
         dtype=arguments.dtype,
         attn=arguments.attn,
         texts=read_texts(arguments.texts) if arguments.texts else None,
         batch_size=arguments.batch_size,
-        reference=arguments.reference,
+        reference=reference,
         linear_kernel=arguments.linear,
         tolerance=arguments.tolerance,
+        model_name=arguments.model,
     )
-    print(report.table())
-    if arguments.json:
+    to_stdout = arguments.json == "-"
+    print(report.table(), file=sys.stderr if to_stdout else sys.stdout)
+    if to_stdout:
+        print(_json_dump(report.to_dict()))
+    elif arguments.json:
         report.write_json(arguments.json)
         print(f"wrote {arguments.json}")
     if arguments.plot:
         report.plot(arguments.plot)
-        print(f"wrote {arguments.plot}")
+        print(f"wrote {arguments.plot}", file=sys.stderr if to_stdout else sys.stdout)
     return 0 if report.passed else 1
 
 
 def embed_command(arguments: argparse.Namespace) -> None:
-    from converters.atomic_write import refuse_same_file
     from hfbert.tools.embedding import Embedder, embed_file, output_kind, read_texts
-    from hfbert.tools.texts import count_lines
+    from hfbert.tools.texts import count_lines, is_regular_file
 
-    if bool(arguments.texts) == bool(arguments.file):
-        raise ValueError("give the texts either as arguments or with --file, not both and not neither")
     output_kind(arguments.out)  # a wrong suffix fails before the model loads
-    refuse_same_file(arguments.out, {"--file": arguments.file})
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and arguments.file and not is_regular_file(arguments.file):
+        raise ValueError(
+            f"--file {arguments.file}: under torchrun every process reads the input, so it must be a regular file "
+            f"(not standard input or a pipe)"
+        )
+    directory = resolve_model(arguments, arguments.model, include_tokenizer=True, include_sentence_transformers=True)
+    refuse_overwriting_inputs({"--out": arguments.out}, {"--file": arguments.file}, {"MODEL": directory})
     device = arguments.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = f"cuda:{os.environ['LOCAL_RANK']}"
     embedder = Embedder(
-        arguments.model,
+        directory,
         pooling=arguments.pooling,
         normalize=arguments.normalize,
         batch_size=arguments.batch_size,
@@ -109,14 +245,19 @@ def embed_command(arguments: argparse.Namespace) -> None:
         device=device,
         dtype=arguments.dtype,
         quantize=arguments.quantize,
+        prompt=arguments.prompt,
+        prompt_name=arguments.prompt_name,
     )
     if arguments.file:
         texts, total = read_texts(arguments.file), count_lines(arguments.file)
     else:
         texts, total = arguments.texts, len(arguments.texts)
-    embed_file(embedder, texts, total, arguments.out, chunk_size=arguments.chunk_size)
-    if arguments.out and os.environ.get("RANK", "0") == "0":
-        print(f"wrote {total} embeddings of size {embedder.dimension} to {arguments.out}", file=sys.stderr)
+    written = embed_file(embedder, texts, arguments.out, total=total, chunk_size=arguments.chunk_size)
+    if os.environ.get("RANK", "0") == "0":
+        noun = "embedding" if written == 1 else "embeddings"
+        where = f"to {arguments.out}" if arguments.out else "to stdout"
+        print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
+        print(f"wrote {written} {noun} of size {embedder.dimension} {where}", file=sys.stderr)
 
 
 def fill_mask_command(arguments: argparse.Namespace) -> None:
@@ -125,10 +266,13 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
     from hfbert.modeling.heads import BertForMaskedLM
     from hfbert.modeling.tokenizer import BertTokenizer
 
-    model, info = BertForMaskedLM.from_pretrained(arguments.model, device=arguments.device, output_loading_info=True)
+    directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
+    model, info = BertForMaskedLM.from_pretrained(
+        directory, device=arguments.device, dtype=arguments.dtype, output_loading_info=True
+    )
     if info["report"].new_head:
         raise ValueError(f"{arguments.model}: the checkpoint has no masked-LM head (no cls.predictions.* tensors)")
-    tokenizer = BertTokenizer.from_pretrained(model.name_or_path)
+    tokenizer = BertTokenizer.from_pretrained(directory)
     predictions = model.fill_mask(arguments.text, tokenizer, top_k=arguments.top_k)
     if arguments.json:
         print(json.dumps(predictions, ensure_ascii=False))
@@ -137,6 +281,9 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
     print(f"{'token':<{width}}  {'score':>7}  sequence")
     for prediction in predictions:
         print(f"{prediction['token_str']!r:<{width}}  {prediction['score']:>7.4f}  {prediction['sequence']}")
+
+
+# -- the parser -----------------------------------------------------------------------------------------------
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -158,52 +305,135 @@ def positive_integer(text: str) -> int:
 
 
 def compute_device(text: str) -> str:
-    """argparse type: "cpu", "cuda" or "cuda:N" naming a GPU this machine has."""
+    """argparse type of every --device: "cpu", "cuda", "cuda:N" naming a GPU this machine has, or "mps" where
+    torch has an MPS device (Apple silicon)."""
     import torch
 
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: hfbert runs on cpu or cuda (cuda:N), not {device.type}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: hfbert runs on cpu, cuda (cuda:N) or mps, not {device.type}")
     if device.type == "cuda":
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if available == 0:
             raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA GPU usable by torch")
         if device.index is not None and device.index >= available:
             raise argparse.ArgumentTypeError(f"{text!r}: this machine has {available} CUDA GPU(s): cuda:0 ...")
+    if device.type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+        if backend is None or not backend.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has no MPS device usable by torch")
+        if device.index not in (None, 0):
+            raise argparse.ArgumentTypeError(f"{text!r}: there is one MPS device, mps (or mps:0)")
     return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
-        prog="hfbert", description="Download, convert and inspect BERT checkpoints; check parity, embed, fill masks."
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _command(commands: Any, name: str, summary: str, *examples: str) -> argparse.ArgumentParser:
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=_examples(*examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
-    download = commands.add_parser("download", help="download (and verify) what hfbert loads from a Hub repo")
-    download.add_argument("repo_id")
-    download.add_argument("--revision", help="branch, tag or commit sha (default: main)")
-    download.add_argument("--cache-dir", help="cache directory (default: HF_HUB_CACHE)")
+
+def _model_options(parser: argparse.ArgumentParser, *, revision: bool = True) -> None:
+    """--revision, --cache-dir, --token: what huggingface_hub takes, for a Hub repo id."""
+    if revision:
+        parser.add_argument(
+            "--revision", help="branch, tag or commit sha of a Hub repo id (default: main); not for a local directory"
+        )
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", help="Hugging Face cache to download into and read from (default: HF_HUB_CACHE)"
+    )
+    parser.add_argument(
+        "--token",
+        help="Hugging Face access token for private or gated repos (default: the one of `hf auth login` or HF_TOKEN)",
+    )
+
+
+def _device_options(parser: argparse.ArgumentParser, dtype_default: str | None, dtype_help: str) -> None:
+    parser.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=dtype_default, help=dtype_help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hfbert import __version__
+
+    parser = _OneLineParser(
+        prog="hfbert",
+        description="Download, convert and inspect BERT checkpoints; check parity, embed, fill masks.",
+        epilog=_examples(
+            "hfbert embed sentence-transformers/all-MiniLM-L6-v2 'A sentence.' 'Another one.'",
+            "hfbert parity google-bert/bert-base-uncased --json report.json",
+            "hfbert COMMAND --help",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=__version__, help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+
+    download = _command(
+        commands,
+        "download",
+        "download (and verify) what hfbert loads from a Hub repo",
+        "hfbert download google-bert/bert-base-uncased",
+        "hfbert download sentence-transformers/all-MiniLM-L6-v2 --revision main --json",
+        "HF_HUB_OFFLINE=1 hfbert download google-bert/bert-base-uncased  # the cached copy, checked",
+    )
+    download.add_argument("repo_id", help="Hub repo id, e.g. google-bert/bert-base-uncased")
+    _model_options(download)
     download.add_argument("--offline", action="store_true", help="use the cache only; no network call at all")
-    download.set_defaults(run=download_command)
+    download.add_argument(
+        "--json", action="store_true", help="print the revision, snapshot folder and files (with sha256) as JSON"
+    )
+    download.set_defaults(run=download_command, parser=download)
 
-    convert = commands.add_parser("convert", help="write a canonical Hugging Face checkpoint, atomically")
+    convert = _command(
+        commands,
+        "convert",
+        "write a canonical Hugging Face checkpoint, atomically",
+        "hfbert convert ./old-bert ./bert-canonical",
+        "hfbert convert google-bert/bert-base-uncased ./bert-bf16 --dtype bfloat16 --max-shard-size 200MB",
+    )
     convert.add_argument("source", help="local directory or Hub repo id")
-    convert.add_argument("destination", help="new directory to create")
-    convert.add_argument("--dtype", choices=list(DTYPES), help="cast floating-point tensors")
-    convert.add_argument("--max-shard-size", default="2GB", help="largest safetensors file (default: 2GB)")
-    convert.set_defaults(run=convert_command)
+    convert.add_argument("destination", help="new directory to create (refused if it exists)")
+    convert.add_argument("--dtype", choices=list(DTYPES), help="cast floating-point tensors (default: as stored)")
+    convert.add_argument(
+        "--max-shard-size", default="2GB", help="largest safetensors file, e.g. 500MB or 2GB (default: 2GB)"
+    )
+    _model_options(convert)
+    convert.set_defaults(run=convert_command, parser=convert)
 
-    inspect = commands.add_parser("inspect", help="config, files, tensors and what the key map does to them")
+    inspect = _command(
+        commands,
+        "inspect",
+        "config, files, tensors and what the key map does to them",
+        "hfbert inspect ./my-bert",
+        "hfbert inspect google-bert/bert-base-uncased --json > bert.json",
+    )
     inspect.add_argument("source", help="local directory or Hub repo id")
-    inspect.set_defaults(run=inspect_command)
+    inspect.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
+    _model_options(inspect)
+    inspect.set_defaults(run=inspect_command, parser=inspect)
 
-    parity = commands.add_parser("parity", help="compare every layer with transformers on real sentences")
+    parity = _command(
+        commands,
+        "parity",
+        "compare every layer with transformers on real sentences",
+        "hfbert parity google-bert/bert-base-uncased",
+        "hfbert parity ./converted --reference ./original --json report.json --plot layers.png",
+        "hfbert parity ./my-bert --device cuda:0 --dtype bfloat16 --attn eager --json  # JSON on stdout",
+    )
     parity.add_argument("model", help="local directory or Hub repo id")
-    parity.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default: cpu)")
-    parity.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default: float32")
+    _device_options(parity, "float32", "dtype of both models (default: float32; the reference runs in float64 too)")
     parity.add_argument(
         "--attn",
         choices=list(ATTENTION_IMPLEMENTATIONS),
@@ -212,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
         "extra eager pass)",
     )
     parity.add_argument(
-        "--texts", metavar="FILE", help="your own sentences, one per line (default: the shipped battery)"
+        "--texts", metavar="FILE", help="your own sentences, one per line; - reads stdin (default: the shipped battery)"
     )
     parity.add_argument(
         "--batch-size", metavar="N", type=positive_integer, default=8, help="sequences per padded batch (default: 8)"
@@ -236,19 +466,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="also require max abs against transformers <= ABS (the verdict itself compares both with float64)",
     )
     parity.add_argument(
-        "--json", metavar="OUT.json", help="write the full report (versions, sha256, every number) to this file"
+        "--json",
+        metavar="OUT.json",
+        nargs="?",
+        const="-",
+        help="the full report (versions, sha256, every number) as JSON: to this file, or to stdout when no file is "
+        "given (the table then goes to stderr)",
     )
     parity.add_argument(
-        "--plot", metavar="OUT.png", help="draw error per layer, log scale, to this image (needs matplotlib)"
+        "--plot",
+        metavar="OUT.png",
+        help="draw the verdict to this image: per output, hfbert's and transformers' RMS error vs float64 (log "
+        "scale) and their ratio against the 1.5 bound (needs matplotlib)",
     )
-    parity.set_defaults(run=parity_command)
+    _model_options(parity)
+    parity.set_defaults(run=parity_command, parser=parity)
 
-    embed = commands.add_parser("embed", help="embed texts (streamed from a file) into .npy / .jsonl, in order")
+    embed = _command(
+        commands,
+        "embed",
+        "embed texts (streamed from a file) into .npy / .jsonl, in order",
+        "hfbert embed sentence-transformers/all-MiniLM-L6-v2 'A sentence.' 'Another one.'",
+        "hfbert embed ./my-model --file texts.txt --out embeddings.npy",
+        "cat texts.txt | hfbert embed ./my-model --file - --out embeddings.jsonl",
+        "hfbert embed ./my-model --file texts.txt --pooling cls --no-normalize --out cls.npy",
+    )
     embed.add_argument("model", help="local directory or Hub repo id")
     embed.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed (or use --file)")
-    embed.add_argument("--file", metavar="F", help='one text per line, or .jsonl with a "text" field per line')
-    embed.add_argument("--pooling", choices=["cls", "mean"], default="mean", help="default: mean over real tokens")
-    embed.add_argument("--normalize", action="store_true", help="scale each embedding to unit length")
+    embed.add_argument(
+        "--file",
+        metavar="F",
+        help='one text per line, or .jsonl with a "text" field per line; - reads standard input (text lines), once',
+    )
+    embed.add_argument(
+        "--pooling",
+        choices=POOLING_CHOICES,
+        help="sentence-transformers' pooling mode (default: the checkpoint's 1_Pooling/config.json, else mean)",
+    )
+    embed.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="scale each embedding to unit length, or not (default: as the checkpoint's modules.json says)",
+    )
+    embed.add_argument(
+        "--prompt", metavar="TEXT", help="text put before every input, as encode(prompt=...) (default: none)"
+    )
+    embed.add_argument(
+        "--prompt-name",
+        metavar="NAME",
+        help="a prompt of the checkpoint's config_sentence_transformers.json (default: its default_prompt_name)",
+    )
     embed.add_argument("--out", metavar="F.npy|F.jsonl", help="F.npy or F.jsonl (default: JSON lines on stdout)")
     embed.add_argument(
         "--batch-size", metavar="N", type=positive_integer, default=32, help="texts per batch (default: 32)"
@@ -257,39 +524,81 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-length",
         metavar="N",
         type=positive_integer,
-        help="truncate to this many tokens (default: the sentence-transformers "
-        "max_seq_length when the checkpoint has one, else max_position_embeddings)",
+        help="truncate to this many tokens (default: the sentence-transformers max_seq_length, else the tokenizer's "
+        "model_max_length, at most max_position_embeddings)",
     )
     embed.add_argument(
         "--chunk-size",
         metavar="N",
         type=positive_integer,
         default=10_000,
-        help="lines read, sorted by length and embedded at once (10000)",
+        help="lines read, sorted by length and embedded at once (default: 10000)",
     )
-    embed.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
-    embed.add_argument("--dtype", choices=list(DTYPES), help="default: as stored")
+    _device_options(embed, None, "dtype of the encoder (default: as stored); embeddings are float32")
     embed.add_argument(
         "--quantize", choices=list(QUANTIZATIONS), help="int8 weights and activations on CPU (faster, lossy)"
     )
-    embed.set_defaults(run=embed_command)
+    _model_options(embed)
+    embed.set_defaults(run=embed_command, parser=embed)
 
-    fill_mask = commands.add_parser("fill-mask", help="top-k tokens for the [MASK] in a text")
+    fill_mask = _command(
+        commands,
+        "fill-mask",
+        "top-k tokens for the [MASK] in a text",
+        "hfbert fill-mask google-bert/bert-base-uncased 'Paris is the [MASK] of France.'",
+        "hfbert fill-mask ./my-mlm 'A [MASK] day.' --top-k 10 --json",
+    )
     fill_mask.add_argument("model", help="local directory or Hub repo id (with a masked-LM head)")
     fill_mask.add_argument("text", help='a text with one [MASK], e.g. "Paris is the [MASK] of France."')
-    fill_mask.add_argument("--top-k", metavar="K", type=positive_integer, default=5)
-    fill_mask.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    fill_mask.add_argument(
+        "--top-k", metavar="K", type=positive_integer, default=5, help="how many tokens to list (default: 5)"
+    )
+    _device_options(fill_mask, None, "dtype of the model (default: as stored)")
     fill_mask.add_argument("--json", action="store_true", help="print the predictions as one JSON list")
-    fill_mask.set_defaults(run=fill_mask_command)
+    _model_options(fill_mask)
+    fill_mask.set_defaults(run=fill_mask_command, parser=fill_mask)
     return parser
+
+
+def _check_usage(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> None:
+    """Usage errors argparse cannot see by itself (exit 2, one line)."""
+    if arguments.command == "embed":
+        embed = arguments.parser
+        if arguments.texts and arguments.file:
+            embed.error("give the texts either as arguments or with --file, not both")
+        if not arguments.texts and not arguments.file:
+            embed.error("no text to embed: give texts as arguments, or --file F (- for standard input)")
+        if arguments.prompt is not None and arguments.prompt_name is not None:
+            embed.error("give --prompt or --prompt-name, not both")
+
+
+@contextmanager
+def _one_line_warnings(command: str) -> Iterator[None]:
+    """Within the block, each warning is one line on stderr ("hfbert embed: warning: ..."), not Python's
+    file:line: Category: text plus the source line."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"hfbert {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from hfbert.tools.extras import MissingExtraError
 
-    arguments = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    if arguments.command is None:  # as `hf` does: the help, on stderr, exit 2
+        parser.print_help(sys.stderr)
+        return 2
+    _check_usage(parser, arguments)
     # SIGTERM unwinds like Ctrl-C, so temporary files and directories are removed on the way out.
-    with exit_on_sigterm():
+    with exit_on_sigterm(), _one_line_warnings(arguments.command):
         try:
             return arguments.run(arguments) or 0
         except MissingExtraError as error:

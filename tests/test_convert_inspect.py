@@ -94,6 +94,51 @@ def test_shard_size_parsing():
         writing.parse_size("lots")
 
 
+@pytest.mark.parametrize("size", ["2GB", "500MB", "200KB", "1TB", " 2 GB", "0.5KB", "1.25GB", "5gb"])
+def test_shard_sizes_mean_what_they_mean_to_huggingface_hub(size):
+    """Our parser (kept for its errors: huggingface_hub's raises OverflowError on "1e400GB" and takes "-5GB") gives
+    the byte count huggingface_hub's, which transformers uses, gives for every size that one accepts."""
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    assert writing.parse_size(size) == parse_size_to_int(size)
+
+
+SHARDED_CLASSES = ["BertModel", "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification"]
+
+
+@pytest.mark.parametrize("class_name", SHARDED_CLASSES)
+def test_shards_and_index_are_the_ones_transformers_writes(tmp_path, class_name):
+    """Same shard files (names, tensors in each, bytes), same index text, for save_pretrained and for convert: the
+    word embeddings, larger than the limit, get a shard of their own ahead of the one being filled, as in
+    huggingface_hub's split; `metadata.total_parameters` is there, as transformers 5 writes it."""
+    import transformers
+    from safetensors import safe_open
+
+    from support.helpers import SMALL_CONFIG
+
+    torch.manual_seed(0)
+    reference = getattr(transformers, class_name)(transformers.BertConfig(**SMALL_CONFIG))
+    reference.save_pretrained(tmp_path / "transformers", max_shard_size="100KB")
+    getattr(hfbert, class_name).from_pretrained(tmp_path / "transformers").save_pretrained(
+        tmp_path / "saved", max_shard_size="100KB"
+    )
+    convert(tmp_path / "transformers", tmp_path / "converted", max_shard_size="100KB")
+    expected = sorted(path.name for path in (tmp_path / "transformers").glob("model*"))
+    assert len(expected) > 10
+    index = (tmp_path / "transformers" / "model.safetensors.index.json").read_text()
+    assert "total_parameters" in index
+    for ours in ("saved", "converted"):
+        assert sorted(path.name for path in (tmp_path / ours).glob("model*")) == expected
+        assert (tmp_path / ours / "model.safetensors.index.json").read_text() == index
+        for name in expected[:-1]:  # the shards
+            with (
+                safe_open(tmp_path / "transformers" / name, "pt") as theirs,
+                safe_open(tmp_path / ours / name, "pt") as mine,
+            ):
+                assert list(mine.keys()) == list(theirs.keys()), (ours, name)
+                assert all(torch.equal(mine.get_tensor(key), theirs.get_tensor(key)) for key in theirs.keys())
+
+
 def test_inspect_bert_base_layout(bert_base_safetensors_dir):
     result = run_cli("inspect", str(bert_base_safetensors_dir))
     assert result.returncode == 0, result.stderr

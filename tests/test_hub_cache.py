@@ -108,3 +108,51 @@ def test_import_hfbert_imports_neither_transformers_nor_the_hub_client():
     result = run(script, env={})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_verified_blob_is_not_hashed_again_until_it_changes(tmp_path, monkeypatch):
+    """The offline sha256 check of a cached weight file reads it whole (0.4-1.0 s for 440 MB) on every load; a
+    blob that hashed right and has not changed since keeps a proof and is not rehashed. Any change to the blob,
+    even one that puts its mtime back, changes its ctime and is hashed again, and caught."""
+    import converters.hub as hub
+
+    cache = tmp_path / "hub"
+    source = minilm_directory()
+    add_snapshot(cache, MAIN_SHA, {name: (source / name).read_bytes() for name in ("config.json", "model.safetensors")})
+    hashed = []
+    original = hub.sha256_of
+    monkeypatch.setattr(hub, "sha256_of", lambda path: hashed.append(Path(path).name) or original(path))
+
+    first = hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache)
+    names = ["config.json", "model.safetensors"]  # add_snapshot names every blob by its sha256
+    assert hashed == names and list(first.verified_sha256) == names
+    second = hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache)
+    assert hashed == names and second.verified_sha256 == first.verified_sha256  # proven, not hashed again
+
+    blob = (first.directory / "model.safetensors").resolve()
+    status = blob.stat()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    os.utime(blob, ns=(status.st_atime_ns, status.st_mtime_ns))  # same size, same mtime: only ctime tells
+    with pytest.raises(hub.CheckpointError, match="sha256 mismatch"):
+        hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache)
+    assert hashed == [*names, "model.safetensors"]  # only the changed blob
+
+
+def test_where_no_proof_can_be_kept_every_load_is_verified(tmp_path, monkeypatch):
+    """A cache hfbert cannot write its proof into (read-only, or the proof folder taken by a file) is hashed on
+    every load, as before."""
+    import converters.hub as hub
+
+    cache = tmp_path / "hub"
+    add_snapshot(cache, MAIN_SHA, {"model.safetensors": (minilm_directory() / "model.safetensors").read_bytes()})
+    (cache / ("models--" + REPO_ID.replace("/", "--")) / hub.PROOF_FOLDER).write_text("not a folder")
+    hashed = []
+    original = hub.sha256_of
+    monkeypatch.setattr(hub, "sha256_of", lambda path: hashed.append(path) or original(path))
+    for _ in range(2):
+        assert list(hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache).verified_sha256) == [
+            "model.safetensors"
+        ]
+    assert len(hashed) == 2

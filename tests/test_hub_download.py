@@ -176,3 +176,84 @@ def test_interrupted_download_completes_on_retry(hub, weights, tmp_path):
     second = hfbert_cli("download", REPO, hub=hub, cache=tmp_path)
     assert second.returncode == 0, second.stderr
     assert (snapshot_of(second) / "model.safetensors").read_bytes() == weights["main"]
+
+
+SENTENCE_REPO = "sentence-transformers/all-MiniLM-L6-v2"
+SENTENCE_FILES = (
+    "config.json",
+    "model.safetensors",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "README.md",
+    "1_Pooling/config.json",
+)
+
+
+def test_embed_with_a_repo_id_runs_the_sentence_transformers_pipeline(tmp_path):
+    """A repo id gets the same pipeline as the local directory (issue 24: download fetched neither modules.json
+    nor sentence_bert_config.json nor 1_Pooling/, so a 566-token text was cut at 512 instead of 256, with mean
+    pooling and no Normalize): element for element sentence-transformers' encode of the real checkpoint."""
+    import json
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from hfbert.tools.parity import default_texts
+
+    source = minilm_directory()
+    files = {name: (source / name).read_bytes() for name in SENTENCE_FILES}
+    files.update({name: b"weights the loader must never fetch" * 400 for name in NEVER_FETCHED})
+    long_text = " ".join(default_texts())[:2600]
+    texts = ["A short sentence.", long_text]
+    reference = SentenceTransformer(str(source), device="cpu")
+    assert len(reference.tokenizer(long_text)["input_ids"]) > 512  # over both lengths
+    expected = reference.encode(texts, convert_to_numpy=True)
+    with FakeHub() as hub:
+        hub.add_revision(SENTENCE_REPO, SHA_MAIN, files)
+        result = hfbert_cli("embed", SENTENCE_REPO, *texts, hub=hub, cache=tmp_path)
+        assert result.returncode == 0, result.stderr
+        downloaded = sorted(hub.downloads())
+        listed = hfbert_cli("download", SENTENCE_REPO, "--json", hub=hub, cache=tmp_path)
+    assert downloaded == sorted(SENTENCE_FILES)
+    ours = np.array([json.loads(line)["embedding"] for line in result.stdout.splitlines()], dtype=np.float32)
+    assert np.abs(ours - expected).max() <= 1e-6
+    assert "Transformer(max_seq_length=256) -> Pooling(mean) -> Normalize" in result.stderr
+    assert listed.returncode == 0, listed.stderr
+    report = json.loads(listed.stdout)
+    assert report["revision"] == SHA_MAIN and Path(report["snapshot"]).name == SHA_MAIN
+    assert sorted(file["name"] for file in report["files"]) == sorted(SENTENCE_FILES)
+    weights = next(file for file in report["files"] if file["name"] == "model.safetensors")
+    assert weights["sha256_verified"] == hashlib.sha256(files["model.safetensors"]).hexdigest()
+    assert (Path(report["snapshot"]) / "1_Pooling" / "config.json").read_bytes() == files["1_Pooling/config.json"]
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect", "parity", "embed", "fill-mask"])
+def test_revision_cache_dir_and_token_reach_the_download_on_every_command(command, tmp_path, capsys, monkeypatch):
+    """Every command that names a model passes --revision, --cache-dir and --token to the Hub client (they were
+    on `download` only)."""
+    import converters.hub
+    from hfbert.cli import main
+
+    calls = []
+
+    def download(repo_id, revision=None, **options):
+        calls.append((repo_id, revision, options))
+        raise converters.hub.CheckpointError("stop here")
+
+    monkeypatch.setattr(converters.hub, "download", download)
+    rest = {"convert": [tmp_path / "out"], "embed": ["x"], "fill-mask": ["a [MASK]"]}.get(command, [])
+    hub_options = ["--revision", "v1", "--cache-dir", str(tmp_path / "cache"), "--token", "hf_secret"]
+    assert main([command, "someone/model", *map(str, rest), *hub_options]) == 1
+    assert "stop here" in capsys.readouterr().err
+    ((repo_id, revision, options),) = calls
+    assert (repo_id, revision, options["cache_dir"], options["token"]) == (
+        "someone/model",
+        "v1",
+        str(tmp_path / "cache"),
+        "hf_secret",
+    )

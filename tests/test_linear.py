@@ -212,10 +212,10 @@ def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     """The same bar, default and packed, on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a
     subprocess (benchmarks/numerical_contract.py, judged with the parity verdict; its tests prove that verdict
     fails real port bugs)."""
-    command = [sys.executable, str(ROOT / "benchmarks" / "numerical_contract.py"), "--isa", "AVX2"]
+    command = [sys.executable, "-m", "benchmarks.numerical_contract", "--isa", "AVX2"]
     command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard,packed", "--dtypes", "float32"]
     command += ["--texts", "8", "--json", str(tmp_path / "contract.json")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "contract.json").read_text())[0]
     assert report["isa"] == "AVX2 (capped)" and "ONEDNN_MAX_CPU_ISA=AVX2" in report["instruction_set"]

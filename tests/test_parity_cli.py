@@ -269,3 +269,50 @@ def test_packed_weights_pass_parity_with_masked_lm_head(tmp_path, capsys, bert_b
     assert status == 0, output
     assert ", linear oneDNN, packed;" in output
     assert table_rows(output)[-2:] == [("mlm logits", "pass"), ("mlm top-5", "pass")]
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["passing", "failing"])
+def test_the_plot_draws_the_verdict(broken, tiny_mlm, monkeypatch):
+    """The plot shows what is judged (it drew max abs per layer, with hfbert's and transformers' lines on top of
+    each other): each model's RMS error vs float64 as its own series, the ratio with the 1.5 bound, and PASS or
+    FAIL in the title; the numbers drawn are the report's own."""
+    pytest.importorskip("matplotlib")
+    from hfbert.tools.parity import ACCURACY_RATIO, run_parity
+
+    if broken:
+        original = hfbert.BertPreTrainedModel.from_pretrained.__func__
+
+        def from_pretrained_with_bug(cls, *args, **kwargs):
+            model = original(cls, *args, **kwargs)
+            layer = dict(model.named_modules())[("bert." if hasattr(model, "bert") else "") + "encoder.layer.0"]
+            tanh_gelu(layer)
+            return model
+
+        monkeypatch.setattr(hfbert.BertPreTrainedModel, "from_pretrained", classmethod(from_pretrained_with_bug))
+    report = run_parity(tiny_mlm, texts=FEW_TEXTS, batch_size=4, progress=False)
+    assert report.passed is not broken
+    figure = report.figure()
+    errors, ratios = figure.axes
+    title = figure._suptitle.get_text()
+    assert title.startswith("FAIL: " if broken else "PASS: all ")
+    assert errors.get_yscale() == "log"
+    lines = {line.get_label(): line for line in errors.get_lines()}
+    rows = {row.name: row for row in report.rows}
+    hidden = [rows["embeddings"], rows["layer 0"]]
+    for label, key in (("hidden states: hfbert", "ours_error"), ("hidden states: transformers", "reference_error")):
+        drawn = list(lines[label].get_ydata())
+        assert drawn == pytest.approx([max(getattr(row.total, key).rms, 1e-12) for row in hidden], rel=1e-12)
+    assert lines["hidden states: hfbert"].get_marker() != lines["hidden states: transformers"].get_marker() or (
+        lines["hidden states: hfbert"].get_markerfacecolor()
+        != lines["hidden states: transformers"].get_markerfacecolor()
+    )
+    bound = next(line for line in ratios.get_lines() if line.get_label().startswith("bound"))
+    assert list(bound.get_ydata()) == [ACCURACY_RATIO, ACCURACY_RATIO]
+    points = [float(line.get_ydata()[0]) for line in ratios.get_lines() if line.get_gid() == "ratio"]
+    judged = [row.total.ratio for row in report.rows if hasattr(row.total, "ratio")]
+    assert sorted(points) == pytest.approx(sorted(judged), rel=1e-12)
+    red = [line for line in ratios.get_lines() if line.get_gid() == "ratio" and line.get_color() == "red"]
+    assert len(red) == sum(not row.passed for row in report.rows if hasattr(row.total, "ratio"))
+    import matplotlib.pyplot
+
+    matplotlib.pyplot.close(figure)

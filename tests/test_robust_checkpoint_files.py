@@ -22,7 +22,7 @@ from hfbert.cli import main
 
 from support.checkpoints import copy_checkpoint
 from support.helpers import minilm_directory
-from support.robust import assert_one_line, copy_of, edit_config, run
+from support.robust import TINY_MLM, assert_one_line, copy_of, edit_config, run
 
 # -- config.json and weight files that do not fit ------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ def test_malformed_side_files_are_named(tiny_mlm, tmp_path, capsys, file, conten
     "file,content,expected",
     [
         ("vocab.txt", b"[PAD]\n[UNK]\n\xff\n", "vocab.txt: not valid UTF-8"),
-        ("tokenizer_config.json", b'{"added_tokens_decoder": {"5": 3}}', "malformed added_tokens_decoder"),
+        ("tokenizer_config.json", b'{"added_tokens_decoder": {"5": 3}}', "field 'added_tokens_decoder' entry '5' is 3"),
     ],
 )
 def test_malformed_vocabulary_files_are_named(tiny_mlm, tmp_path, capsys, file, content, expected):
@@ -249,3 +249,158 @@ def test_a_second_weight_file_is_reported_not_silently_ignored(tiny_mlm, tmp_pat
     assert reason in str(info["report"])
     assert main(["inspect", str(directory)]) == 0
     assert reason in capsys.readouterr().out
+
+
+# -- casts that make Inf, dtypes no kernel runs --------------------------------------------------------------------
+
+
+def scaled_copy(tmp_path) -> object:
+    tensors = load_file(minilm_directory() / "model.safetensors")
+    tensors["embeddings.word_embeddings.weight"][:56, :56] = 1e6  # 3,136 values beyond fp16's 65504
+    return copy_checkpoint(minilm_directory(), tmp_path / "large-values", tensors)
+
+
+def test_a_cast_that_overflows_to_inf_is_refused_naming_the_tensor_and_the_count(tmp_path, capsys):
+    directory = scaled_copy(tmp_path)
+    code, stderr = run(capsys, "embed", directory, "hello", "--dtype", "float16")  # printed [NaN, ...], exit 0
+    assert_one_line(code, stderr, "hfbert embed:", "3,136 values of tensor 'embeddings.word_embeddings.weight'")
+    for dtype in (torch.float16, "float16"):
+        with pytest.raises(CheckpointError) as error:
+            hfbert.BertModel.from_pretrained(directory, dtype=dtype)
+        message = str(error.value)
+        assert "model.safetensors: cannot load as float16: 3,136 values of tensor" in message
+        assert "'embeddings.word_embeddings.weight' overflow to Inf" in message and "65504" in message
+    # the same weights load in the dtypes that hold them
+    for dtype in (torch.float32, torch.bfloat16):
+        model = hfbert.BertModel.from_pretrained(directory, dtype=dtype)
+        assert torch.isfinite(model.embeddings.word_embeddings.weight).all()
+
+
+def test_a_cast_of_a_task_model_names_the_tensor_as_the_checkpoint_stores_it(tiny_mlm, tmp_path):
+    tensors = load_file(tiny_mlm / "model.safetensors")
+    tensors["cls.predictions.transform.dense.weight"][0, :4] = -1e5
+    directory = copy_checkpoint(tiny_mlm, tmp_path / "head", tensors)
+    with pytest.raises(CheckpointError, match=r"4 values of tensor 'cls\.predictions\.transform\.dense\.weight'"):
+        hfbert.BertForMaskedLM.from_pretrained(directory, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, "float8_e5m2", torch.float8_e5m2])
+def test_a_requested_dtype_no_kernel_runs_is_refused_as_a_stored_one_is(tiny_mlm, dtype):
+    with pytest.raises(ValueError, match=r"dtype=float8_e[45]m[23](fn)?: parameters must be one of float32, float16"):
+        hfbert.BertModel.from_pretrained(tiny_mlm, dtype=dtype)
+    with pytest.raises(ValueError, match=r"dtype=float8"):
+        hfbert.BertModel._from_config(hfbert.BertConfig(**TINY_MLM), dtype=dtype)
+
+
+def test_convert_refuses_a_dtype_no_kernel_runs(tiny_mlm, tmp_path):
+    from hfbert.tools.convert import convert
+
+    with pytest.raises(ValueError, match=r"dtype=float8_e4m3fn: parameters must be one of"):
+        convert(tiny_mlm, tmp_path / "fp8", dtype=torch.float8_e4m3fn)
+    assert not (tmp_path / "fp8").exists()
+
+
+# -- pickles of tensors that are not plain dense values ------------------------------------------------------------
+
+
+def bin_checkpoint(tiny_mlm, tmp_path, change) -> object:
+    directory = copy_of(tiny_mlm, tmp_path / "model")
+    tensors = load_file(directory / "model.safetensors")
+    (directory / "model.safetensors").unlink()
+    change(tensors)
+    torch.save(tensors, directory / "pytorch_model.bin")
+    return directory
+
+
+WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
+
+
+def to_sparse(tensors):
+    tensors[WORD_EMBEDDINGS] = tensors[WORD_EMBEDDINGS].to_sparse()
+
+
+def to_meta(tensors):
+    tensors[WORD_EMBEDDINGS] = torch.empty(tensors[WORD_EMBEDDINGS].shape, device="meta")
+
+
+def to_broadcast(tensors):
+    tensors[WORD_EMBEDDINGS] = torch.full((1,), 0.01).expand(tensors[WORD_EMBEDDINGS].shape)
+
+
+def to_overlapping(tensors):
+    rows, columns = tensors[WORD_EMBEDDINGS].shape
+    tensors[WORD_EMBEDDINGS] = torch.zeros(rows + columns).as_strided((rows, columns), (1, 1))
+
+
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        (to_sparse, "is a sparse_coo tensor, not a dense one"),
+        (to_meta, r"is a meta tensor \(shape \(30522, 32\), no values stored\)"),
+        (to_broadcast, r"of shape \(30522, 32\) claims 976,704 values but its storage holds 1 \(strides \(0, 0\)"),
+        (
+            to_overlapping,
+            r"of shape \(30522, 32\) claims 976,704 values but its storage holds 30,554 \(strides \(1, 1\)",
+        ),
+    ],
+    ids=["sparse", "meta", "stride 0", "overlapping"],
+)
+def test_tensors_that_are_not_plain_dense_values_are_refused_by_name(tiny_mlm, tmp_path, capsys, change, expected):
+    directory = bin_checkpoint(tiny_mlm, tmp_path, change)
+    pattern = rf"pytorch_model\.bin: tensor '{WORD_EMBEDDINGS}' .*{expected}"
+    for model_class in (hfbert.BertModel, hfbert.BertForMaskedLM):
+        with pytest.raises(CheckpointError, match=pattern):
+            model_class.from_pretrained(directory)
+    code, stderr = run(capsys, "convert", directory, tmp_path / "converted")
+    assert_one_line(code, stderr, "hfbert convert:", f"tensor '{WORD_EMBEDDINGS}'")
+    assert not (tmp_path / "converted").exists()
+
+
+def test_a_small_pickle_of_broadcast_tensors_with_bert_base_shapes_is_refused(tmp_path):
+    """The issue's case: 23 KB of stride-0 tensors claimed a 110M-parameter model (318 MB written by convert)."""
+    with torch.device("meta"):
+        shapes = {name: t.shape for name, t in hfbert.BertModel(hfbert.BertConfig()).state_dict().items()}
+    directory = tmp_path / "inflating"
+    directory.mkdir()
+    torch.save({name: torch.full((1,), 0.02).expand(shape) for name, shape in shapes.items()}, directory / "w.bin")
+    (directory / "w.bin").rename(directory / "pytorch_model.bin")
+    (directory / "config.json").write_text(json.dumps(hfbert.BertConfig().to_dict()))
+    assert (directory / "pytorch_model.bin").stat().st_size < 100_000
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: tensor 'embeddings\.word_embeddings\.weight'"):
+        hfbert.BertModel.from_pretrained(directory)
+
+
+def test_ordinary_views_in_a_pickle_still_load(tiny_mlm, tmp_path):
+    """Slices of one storage (a fused matrix saved as views, old tied decoders) hold every value they claim."""
+
+    def as_slices(tensors):
+        query, key = (
+            "bert.encoder.layer.0.attention.self.query.weight",
+            "bert.encoder.layer.0.attention.self.key.weight",
+        )
+        fused = torch.cat([tensors[query], tensors[key]])
+        tensors[query], tensors[key] = fused[:32], fused[32:]
+
+    directory = bin_checkpoint(tiny_mlm, tmp_path, as_slices)
+    reference = hfbert.BertForMaskedLM.from_pretrained(tiny_mlm)
+    assert main(["convert", str(directory), str(tmp_path / "converted"), "--max-shard-size", "100KB"]) == 0
+    for source in (directory, tmp_path / "converted"):
+        model = hfbert.BertForMaskedLM.from_pretrained(source)
+        for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+            assert torch.equal(a, b), name
+
+
+def test_a_safetensors_shape_that_claims_more_values_than_its_bytes_is_refused(checkpoint):
+    """Item 9 for safetensors: the format stores every value, and the library checks each byte range against the
+    tensor's shape, so an inflating header fails to open (named as an invalid file)."""
+    import struct
+
+    data = (checkpoint / "model.safetensors").read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + length])
+    header["embeddings.LayerNorm.bias"]["shape"] = [30522, 384]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (checkpoint / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a valid safetensors file"):
+        hfbert.BertModel.from_pretrained(checkpoint)

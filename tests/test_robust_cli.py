@@ -7,6 +7,8 @@ checkpoint files given to the CLI are in `test_robust_checkpoint_files.py`, outp
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 import hfbert
@@ -33,7 +35,7 @@ def test_cli_misuse_is_one_line(tiny_mlm, tmp_path, capsys):
         (["fill-mask", tiny_mlm, "a [MASK]", "--device", "bogus"], "argument --device: 'bogus' is not a device"),
         (
             ["fill-mask", tiny_mlm, "a [MASK]", "--device", "meta"],
-            "argument --device: 'meta': hfbert runs on cpu or cuda",
+            "argument --device: 'meta': hfbert runs on cpu, cuda (cuda:N) or mps",
         ),
         (["embed", tiny_mlm, "x", "--device", "meta"], "argument --device"),
         (["embed", tiny_mlm, "x", "--device", "cuda:99"], "argument --device: 'cuda:99': this machine has"),
@@ -84,3 +86,67 @@ def test_an_unexpected_exception_is_still_one_line(tiny_mlm, capsys, monkeypatch
     status, stderr = run(capsys, "fill-mask", tiny_mlm, "a [MASK]")
     assert_one_line(status, stderr, expected)
     assert status == code
+
+
+# -- outputs over inputs (issue 23, item 2) -------------------------------------------------------------------------
+
+
+def test_no_command_writes_over_one_of_its_inputs(tiny_mlm, tmp_path, capsys):
+    """Every output that is an input file, a file of an input checkpoint (also through a hard link), or a name a
+    checkpoint loader would read once created, is refused before anything runs; the inputs stay byte for byte."""
+    import os
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_mlm, model)
+    texts = tmp_path / "t.txt"
+    texts.write_text("A sentence.\nAnother one.\n", encoding="utf-8")
+    linked = tmp_path / "linked.npy"
+    os.link(model / "model.safetensors", linked)
+    before = {path: path.read_bytes() for path in [*model.iterdir(), texts]}
+    cases = [
+        (["parity", model, "--texts", texts, "--json", model / "config.json"], "is a file of the checkpoint MODEL"),
+        (["parity", model, "--texts", texts, "--json", texts], "the same file as the input --texts"),
+        (["parity", model, "--texts", texts, "--plot", model / "vocab.txt"], "is a file of the checkpoint MODEL"),
+        (["parity", model, "--texts", texts, "--json", model / "tokenizer.json"], "is a file of the checkpoint"),
+        (["parity", model, "--texts", texts, "--json", model / "modules.json"], "would become the file modules.json"),
+        (["parity", model, "--texts", texts, "--json", tmp_path / "r", "--plot", tmp_path / "r"], "name the same file"),
+        (["parity", tiny_mlm, "--reference", model, "--texts", texts, "--json", model / "config.json"], "--reference"),
+        (["embed", model, "--file", texts, "--out", linked], "is a file of the checkpoint MODEL"),
+        (["embed", model, "--file", texts, "--out", model / "pytorch_model.bin.npy"], None),
+    ]
+    for arguments, expected in cases:
+        code, stderr = run(capsys, *arguments)
+        if expected is None:  # a new file of another name beside the checkpoint is allowed
+            assert code == 0, stderr
+            (model / "pytorch_model.bin.npy").unlink()
+            continue
+        assert_one_line(code, stderr, expected)
+    assert {path: path.read_bytes() for path in [*model.iterdir(), texts]} == before
+
+
+def test_an_output_inside_the_cache_snapshot_is_refused(tiny_mlm, tmp_path, capsys, monkeypatch):
+    """A Hub snapshot links to blobs/<sha256>: writing over the blob (or the link) is writing over the model."""
+    import hashlib
+    import os
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the cache only, no network call
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someone--tiny"
+    snapshot = repo / "snapshots" / ("c" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for file in tiny_mlm.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        blob.write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("c" * 40)
+    weights = (snapshot / "model.safetensors").resolve()
+    out = tmp_path / "weights.npy"
+    os.link(weights, out)
+    code, stderr = run(capsys, "embed", "someone/tiny", "x", "--cache-dir", cache, "--out", out)
+    assert_one_line(code, stderr, "is a file of the checkpoint MODEL")
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == weights.name

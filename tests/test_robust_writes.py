@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 import hfbert
 from converters.atomic_write import atomic_file, remove_leftovers
 
+from support.helpers import minilm_directory
 from support.robust import assert_one_line, copy_of, partials, run
 
 # -- an output that is its own input -------------------------------------------------------------------------------
@@ -189,3 +190,105 @@ def test_convert_refuses_what_it_cannot_write_faithfully(tiny_mlm, tmp_path, cap
 def test_convert_to_fp16_of_ordinary_weights_still_works(tiny_mlm, tmp_path, capsys):
     assert run(capsys, "convert", tiny_mlm, tmp_path / "half", "--dtype", "float16")[0] == 0
     assert hfbert.BertForMaskedLM.from_pretrained(tmp_path / "half").dtype == torch.float16
+
+
+# -- permissions: what a plain open() / mkdir() would give ---------------------------------------------------------
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def modes(directory: Path) -> dict[str, str]:
+    """Relative path -> octal permission bits, for `directory` itself ('.') and everything under it."""
+    paths = [directory, *directory.rglob("*")]
+    return {path.relative_to(directory).as_posix(): oct(path.stat().st_mode & 0o777) for path in paths}
+
+
+def assert_follows_umask_022(directory: Path) -> None:
+    found = modes(directory)
+    expected = {path: oct(0o755 if (directory / path).is_dir() else 0o644) for path in found}
+    assert found == expected
+
+
+def test_save_pretrained_follows_the_umask(tmp_path, umask_022):
+    hfbert.BertModel.from_pretrained(minilm_directory()).save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "1_Pooling" / "config.json").is_file()  # a subfolder too
+    assert_follows_umask_022(tmp_path / "saved")
+
+
+def test_save_pretrained_of_a_legacy_bin_and_shards_follows_the_umask(tiny_mlm, tmp_path, umask_022):
+    model = hfbert.BertForMaskedLM.from_pretrained(tiny_mlm)
+    model.save_pretrained(tmp_path / "bin", safe_serialization=False)
+    model.save_pretrained(tmp_path / "shards", max_shard_size="500KB")
+    assert_follows_umask_022(tmp_path / "bin")
+    assert_follows_umask_022(tmp_path / "shards")
+
+
+def test_convert_follows_the_umask(tiny_mlm, tmp_path, capsys, umask_022):
+    assert run(capsys, "convert", tiny_mlm, tmp_path / "converted")[0] == 0
+    assert_follows_umask_022(tmp_path / "converted")
+
+
+def test_a_stricter_umask_is_followed_too(tiny_mlm, tmp_path):
+    previous = os.umask(0o077)
+    try:
+        hfbert.BertForMaskedLM.from_pretrained(tiny_mlm).save_pretrained(tmp_path / "private")
+    finally:
+        os.umask(previous)
+    found = modes(tmp_path / "private")
+    assert found == {path: oct(0o700 if path == "." else 0o600) for path in found}
+
+
+def test_atomic_file_keeps_the_mode_of_the_file_it_replaces(tmp_path, umask_022):
+    private, new = tmp_path / "private.jsonl", tmp_path / "new.jsonl"
+    private.write_text("old")
+    private.chmod(0o600)
+    for destination in (private, new):
+        with atomic_file(destination) as temporary:
+            temporary.write_text("new")
+    assert private.read_text() == "new" and oct(private.stat().st_mode & 0o777) == oct(0o600)
+    assert oct(new.stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_embed_onto_an_existing_private_file_keeps_it_private(tiny_mlm, tmp_path, capsys, umask_022):
+    out = tmp_path / "embeddings.jsonl"
+    out.write_text("")
+    out.chmod(0o600)
+    assert run(capsys, "embed", tiny_mlm, "one", "--out", out)[0] == 0
+    assert out.read_text().strip() and oct(out.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_a_save_into_an_existing_folder_keeps_the_modes_there(tiny_mlm, tmp_path, umask_022):
+    folder = tmp_path / "saved"
+    model = hfbert.BertForMaskedLM.from_pretrained(tiny_mlm)
+    model.save_pretrained(folder)
+    folder.chmod(0o750)
+    (folder / "config.json").chmod(0o600)
+    model.save_pretrained(folder, safe_serialization=False)  # pytorch_model.bin is new, config.json replaced
+    found = modes(folder)
+    assert found.pop(".") == oct(0o750) and found.pop("config.json") == oct(0o600)
+    assert set(found.values()) == {oct(0o644)} and "pytorch_model.bin" in found
+
+
+def test_the_example_writes_a_model_others_can_read(tiny_mlm, tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    output = tmp_path / "finetuned"
+    command = [sys.executable, str(root / "examples" / "finetune_classifier.py"), "--model", str(tiny_mlm)]
+    command += ["--epochs", "1", "--output", str(output)]
+    environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE")}
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**environment, "PYTHONPATH": str(root)},
+        preexec_fn=lambda: os.umask(0o022),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (output / "model.safetensors").is_file()
+    assert_follows_umask_022(output)

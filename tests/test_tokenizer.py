@@ -322,6 +322,11 @@ CONFIG_VARIANTS = [
     {"tokenize_chinese_chars": False},
     {},  # no model_max_length: no limit, so truncation=True alone truncates nothing
     {"clean_up_tokenization_spaces": True, "model_max_length": 64},
+    # transformers' "no limit" sentinels: above 1e20 a length is none (truncation=True alone truncates nothing)
+    {"model_max_length": int(1e30)},
+    {"model_max_length": 1e30},
+    {"model_max_length": 5e20},
+    {"model_max_length": None},
     {
         "unk_token": {
             "__type": "AddedToken",
@@ -388,6 +393,58 @@ def test_added_tokens_decoder_and_unusual_vocab_lines(tmp_path):
     assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=True)
     for skip in (False, True):
         assert ours.convert_ids_to_tokens(ids, skip) == reference.convert_ids_to_tokens(ids, skip)
+
+
+# -- issue 23: values of tokenizer_config.json that no tokenizer can use -------------------------------------------
+
+MAX_LENGTH_VALUES = r"expected a positive integer up to 10\*\*19, or a number above 1e20 for no limit"
+BAD_OPTIONS = [
+    ('{"model_max_length": 1e400}', "model_max_length", "inf", MAX_LENGTH_VALUES),  # OverflowError before
+    ('{"model_max_length": -5}', "model_max_length", "-5", MAX_LENGTH_VALUES),  # broke every truncating call
+    ('{"model_max_length": 1e20}', "model_max_length", r"1e\+20", MAX_LENGTH_VALUES),  # too
+    ('{"model_max_length": 0}', "model_max_length", "0", MAX_LENGTH_VALUES),
+    ('{"model_max_length": 512.5}', "model_max_length", "512.5", MAX_LENGTH_VALUES),
+    ('{"model_max_length": true}', "model_max_length", "True", MAX_LENGTH_VALUES),
+    ('{"model_max_length": "abc"}', "model_max_length", "'abc'", MAX_LENGTH_VALUES),  # named neither file nor field
+    ('{"do_lower_case": "no"}', "do_lower_case", "'no'", "expected true or false"),
+    ('{"tokenize_chinese_chars": 1}', "tokenize_chinese_chars", "1", "expected true or false"),
+    ('{"clean_up_tokenization_spaces": "yes"}', "clean_up_tokenization_spaces", "'yes'", "expected true or false"),
+    ('{"strip_accents": 5}', "strip_accents", "5", "expected true, false or null"),
+    ('{"unk_token": {}}', "unk_token", r"\{\}", 'expected a non-empty string, or an object with a "content" string'),
+    ('{"mask_token": ["[MASK]"]}', "mask_token", r"\['\[MASK\]'\]", "expected a non-empty string"),
+    ('{"added_tokens_decoder": []}', "added_tokens_decoder", r"\[\]", "expected an object of token id ->"),
+    ('{"added_tokens_decoder": {"x": {"content": "a"}}}', "added_tokens_decoder' entry 'x", ".*", "expected an object"),
+    (
+        '{"added_tokens_decoder": {"5": {"content": "a", "special": "yes"}}}',
+        "added_tokens_decoder' entry '5",
+        ".*",
+        r"expected an object .*\(flags true or false\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("with_tokenizer_json", [False, True], ids=["vocab.txt", "tokenizer.json"])
+@pytest.mark.parametrize("content,field,shown,accepted", BAD_OPTIONS, ids=[case[0][:48] for case in BAD_OPTIONS])
+def test_tokenizer_config_values_no_tokenizer_can_use_are_named(
+    tmp_path, content, field, shown, accepted, with_tokenizer_json
+):
+    import hfbert
+
+    names = ("vocab.txt", "tokenizer.json") if with_tokenizer_json else ("vocab.txt",)
+    directory = copy_tokenizer_files(tmp_path, minilm_directory(), names=names)
+    (directory / "tokenizer_config.json").write_text(content)
+    pattern = rf"tokenizer_config\.json: field '{field}' is {shown}; {accepted}"
+    with pytest.raises(hfbert.ConfigError, match=pattern):
+        BertTokenizer.from_pretrained(directory)
+
+
+def test_special_tokens_map_values_are_named_with_that_file(tmp_path):
+    import hfbert
+
+    directory = copy_tokenizer_files(tmp_path, minilm_directory(), names=("vocab.txt",))
+    (directory / "special_tokens_map.json").write_text('{"pad_token": 0}')
+    with pytest.raises(hfbert.ConfigError, match=r"special_tokens_map\.json: field 'pad_token' is 0; expected"):
+        BertTokenizer.from_pretrained(directory)
 
 
 def test_missing_files_are_named(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from converters.dtypes import as_dtype
-from converters.loading import config_values
+from converters.loading import check_requested_dtype, config_values
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.cpu import warn_if_emulated_bfloat16
@@ -36,6 +36,7 @@ class BertPreTrainedModel(nn.Module):
     _supports_sdpa: ClassVar[bool] = True
     _supports_flash_attn: ClassVar[bool] = False
     _supports_flex_attn: ClassVar[bool] = False
+    _keep_in_fp32_modules: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_save: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_load_missing: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str] | None] = None
@@ -81,10 +82,16 @@ class BertPreTrainedModel(nn.Module):
         return True
 
     @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers asks before switching mixture-of-experts kernels; BERT has none.
+        return False
+
+    @classmethod
     def _from_config(cls, config: BertConfig, **kwargs: Any) -> BertPreTrainedModel:
         """transformers' constructor hook: a randomly initialised model for `config`; `dtype` casts it."""
         dtype, torch_dtype = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
         dtype = as_dtype(dtype or torch_dtype)
+        check_requested_dtype(dtype)  # as from_pretrained: fp8 would build a model no forward runs
         model = cls(config, **kwargs)
         return model.to(dtype) if dtype is not None else model
 

@@ -14,6 +14,7 @@ Padding and truncation follow transformers' rules (argument defaults, `model_max
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import warnings
@@ -23,6 +24,7 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from converters.atomic_write import atomic_file
+from hfbert.modeling.config import ConfigError
 
 SPECIAL_TOKENS = {
     "unk_token": "[UNK]",
@@ -35,6 +37,14 @@ SPECIAL_TOKENS = {
 # limit counts as none, so truncation/padding "to the model's length" is then skipped.
 NO_MAX_LENGTH = int(1e30)
 _LARGE_INTEGER = int(1e20)
+# The largest real limit: the tokenizers library takes lengths up to 2**64 - 1 (OverflowError beyond), so a value
+# between this and _LARGE_INTEGER would be a limit no call could use.
+_MAX_REAL_LENGTH = 10**19
+_MAX_LENGTH_VALUES = (
+    "a positive integer up to 10**19, or a number above 1e20 for no limit (transformers writes int(1e30)), or null"
+)
+_BOOLEAN_OPTIONS = ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces")
+_ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 _PADDING = {True: "longest", "longest": "longest", "max_length": "max_length", False: None, "do_not_pad": None}
 _TRUNCATION = {True: "longest_first", False: None, "do_not_truncate": None}
 _TRUNCATION.update({name: name for name in ("longest_first", "only_first", "only_second")})
@@ -65,8 +75,8 @@ class BertTokenizer:
         tokenizer.no_padding()
         # One call's padding/truncation settings live on the shared backend until the call ends.
         self._lock = threading.Lock()
-        self.special_tokens = {key: _token_text(config.get(key, default)) for key, default in SPECIAL_TOKENS.items()}
-        self.model_max_length: int = int(config.get("model_max_length") or NO_MAX_LENGTH)
+        self.special_tokens = {key: _token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
+        self.model_max_length: int = model_max_length(config.get("model_max_length"), "the tokenizer config")
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
         ids = {key: tokenizer.token_to_id(token) for key, token in self.special_tokens.items()}
         self.unk_token_id, self.sep_token_id, self.pad_token_id = ids["unk_token"], ids["sep_token"], ids["pad_token"]
@@ -79,9 +89,9 @@ class BertTokenizer:
         """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
         directory = _local_directory(pretrained_model_name_or_path, revision)
         has_config = (directory / "tokenizer_config.json").is_file()
-        config = read_json_object(directory / "tokenizer_config.json")
+        config = read_tokenizer_options(directory / "tokenizer_config.json")
         if "added_tokens_decoder" not in config:  # transformers lets the legacy map override the config then
-            config.update(read_json_object(directory / "special_tokens_map.json"))
+            config.update(read_tokenizer_options(directory / "special_tokens_map.json"))
         if (directory / "tokenizer.json").is_file():
             try:
                 tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -97,11 +107,6 @@ class BertTokenizer:
                 tokenizer = _build_from_vocab(directory / "vocab.txt", config)
             except UnicodeDecodeError as error:
                 raise ValueError(f"{directory / 'vocab.txt'}: not valid UTF-8 ({error.reason})") from None
-            except (KeyError, TypeError, AttributeError) as error:  # a malformed added_tokens_decoder entry
-                raise ValueError(
-                    f"{directory / 'tokenizer_config.json'}: malformed added_tokens_decoder ({type(error).__name__}: "
-                    f"{error})"
-                ) from None
         else:
             raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
         return cls(tokenizer, config)
@@ -308,7 +313,7 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
     with open(vocab_file, encoding="utf-8") as handle:
         for index, line in enumerate(handle):
             vocab[line.rstrip("\n")] = index  # a repeated token keeps its last line, as in transformers
-    specials = {key: _token_text(config.get(key, default)) for key, default in SPECIAL_TOKENS.items()}
+    specials = {key: _token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
     for key in ("unk_token", "cls_token", "sep_token"):
         if specials[key] not in vocab:
             raise ValueError(f"{vocab_file}: the {key} {specials[key]!r} is not in the vocabulary")
@@ -353,8 +358,70 @@ def _normalizer_options(tokenizer: Tokenizer) -> dict[str, Any] | None:
     }
 
 
-def _token_text(token: str | dict[str, Any]) -> str:
+def _token_text(token: str | dict[str, Any] | None, default: str) -> str:
+    if token is None:  # not set (null): the BERT default
+        return default
     return token["content"] if isinstance(token, dict) else str(token)  # older configs store AddedToken dicts
+
+
+def read_tokenizer_options(path: Path) -> dict[str, Any]:
+    """tokenizer_config.json (or special_tokens_map.json) as a dict, every option hfbert reads checked:
+    `ConfigError` naming the file, the field and the values it accepts. `model_max_length` comes back an int."""
+    values = read_json_object(path)
+    for name in _BOOLEAN_OPTIONS:
+        if name in values and not isinstance(values[name], bool):
+            raise _option_error(path, name, values[name], "true or false")
+    if values.get("strip_accents") is not None and not isinstance(values["strip_accents"], bool):
+        expected = "true, false or null (follow do_lower_case)"
+        raise _option_error(path, "strip_accents", values["strip_accents"], expected)
+    for name in SPECIAL_TOKENS:
+        if name in values and not (values[name] is None or _is_token(values[name])):
+            expected = 'a non-empty string, or an object with a "content" string (an AddedToken), or null'
+            raise _option_error(path, name, values[name], expected)
+    if "model_max_length" in values:
+        values["model_max_length"] = model_max_length(values["model_max_length"], path)
+    if "added_tokens_decoder" in values:
+        _check_added_tokens(values["added_tokens_decoder"], path)
+    return values
+
+
+def model_max_length(value: Any, source: str | os.PathLike) -> int:
+    """tokenizer_config.json's `model_max_length` as transformers takes it: null means no limit (NO_MAX_LENGTH);
+    above 1e20 is no limit too (kept, as transformers keeps it); else a positive integer the tokenizers library can
+    truncate to. `ConfigError` naming `source` otherwise."""
+    if value is None:
+        return NO_MAX_LENGTH
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not math.isfinite(number) or number != int(number):
+        raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES)
+    if number > _LARGE_INTEGER or 1 <= number <= _MAX_REAL_LENGTH:
+        return int(number)
+    raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES)
+
+
+def _check_added_tokens(decoder: Any, path: Path) -> None:
+    expected = 'an object of token id -> {"content": "<token>", "special": true, ...} (flags true or false)'
+    if not isinstance(decoder, dict):
+        raise _option_error(path, "added_tokens_decoder", decoder, expected)
+    for key, spec in decoder.items():
+        valid = key.isdigit() and isinstance(spec, dict) and _is_token(spec)
+        valid = valid and all(isinstance(spec[flag], bool) for flag in _ADDED_TOKEN_FLAGS if flag in spec)
+        if not valid:
+            raise _option_error(path, "added_tokens_decoder", spec, expected, entry=key)
+
+
+def _is_token(value: Any) -> bool:
+    text = value.get("content") if isinstance(value, dict) else value
+    return isinstance(text, str) and text != ""
+
+
+def _option_error(
+    source: str | os.PathLike, name: str, value: Any, expected: str, entry: str | None = None
+) -> ConfigError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    where = f"field '{name}'" + (f" entry '{entry}'" if entry is not None else "")
+    return ConfigError(f"{os.fspath(source)}: {where} is {shown}; expected {expected}")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 - `parity.py`: `hfbert parity`, hfbert against transformers against float64;
 - `embedding.py`: `hfbert embed` and `Embedder`, sentence embeddings;
+- `sentence_transformers_pipeline.py`: a checkpoint's sentence-transformers pipeline (pooling, Dense, Normalize),
+  read from its files and run in plain PyTorch, for `Embedder`;
 - `convert.py`, `inspect.py`: `hfbert convert` and `hfbert inspect`;
-- `texts.py`: reading input texts, one per line;
+- `texts.py`: reading input texts, one per line, once (`-`: standard input);
+- `progress.py`: progress on stderr, a bar on a terminal and lines in a log;
 - `extras.py`: optional dependencies, imported with one clear error when missing;
 - `sentence_transformers_backbone.py`: hfbert as the encoder of a `SentenceTransformer`.
 """

@@ -4,7 +4,9 @@ Canonical means what transformers' own `save_pretrained` writes: `config.json`, 
 `model-0000i-of-0000n.safetensors` shards and `model.safetensors.index.json`), LayerNorm `weight` / `bias`
 names, no legacy buffers, no wrappers, the tied MLM decoder weight not stored (it is the word embeddings).
 A backbone-only source is written as transformers' `BertModel` stores it (no prefix); a source with task heads
-keeps them, with the backbone under `bert.`, as `BertFor...` models store it. Tokenizer files are copied.
+keeps them, with the backbone under `bert.`, as `BertFor...` models store it. Tokenizer files are copied, and for
+a backbone the sentence-transformers files too (modules.json, 1_Pooling/, ...: `SentenceTransformer(destination)`
+keeps the source's pooling and Normalize).
 
 Everything is written into a temporary directory beside the destination and renamed into place at the end, so
 an interrupted or failed conversion leaves no destination and no partial files (a run killed by SIGKILL leaves
@@ -29,8 +31,8 @@ from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.key_map import BACKBONE_PREFIX, TIED_DECODER, head_of, normalize_name
-from converters.loading import match_checkpoint, non_finite, skipped_initialisation
-from converters.writing import atomic_directory, copy_tokenizer_files, parse_size, write_safetensors
+from converters.loading import check_cast, check_requested_dtype, match_checkpoint, non_finite, skipped_initialisation
+from converters.writing import atomic_directory, copy_model_files, parse_size, write_safetensors
 from hfbert.modeling.config import BertConfig
 
 
@@ -57,9 +59,13 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[
         if partner is not None and torch.equal(partner, tensor):
             continue
         heads[name] = tensor
-    check_heads(heads, config, directory)
+    allowed = head_shapes(config)
+    check_heads(heads, config, directory, allowed)
     prefix = BACKBONE_PREFIX if heads else ""
-    tensors = {prefix + name: tensor for name, tensor in backbone.items()} | heads
+    # In the order of the model's state_dict, as transformers saves a model (the shards it cuts follow that order),
+    # not in the source file's (safetensors stores names sorted).
+    tensors = {prefix + name: backbone[name] for name in expected if name in backbone}
+    tensors |= {name: heads[name] for name in allowed if name in heads}
     if dtype is not None:
         tensors = {name: cast(name, tensor, dtype, directory) for name, tensor in tensors.items()}
     config_values = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -85,10 +91,15 @@ def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
     return shapes
 
 
-def check_heads(heads: dict[str, Tensor], config: BertConfig, directory: Path) -> None:
+def check_heads(
+    heads: dict[str, Tensor],
+    config: BertConfig,
+    directory: Path,
+    allowed: dict[str, set[tuple[int, ...]]] | None = None,
+) -> None:
     """Task-head tensors get the backbone's checks: a known name, the shape config.json implies, finite values,
-    a floating-point dtype the kernels run. Raise `CheckpointError` listing what fails."""
-    allowed = head_shapes(config)
+    a floating-point dtype the kernels run. Raise `CheckpointError` listing what fails. `allowed`: `head_shapes`."""
+    allowed = allowed if allowed is not None else head_shapes(config)
     problems = []
     for name, tensor in heads.items():
         if name not in allowed:
@@ -109,14 +120,7 @@ def cast(name: str, tensor: Tensor, dtype: torch.dtype, directory: Path) -> Tens
     if not tensor.is_floating_point():
         return tensor
     result = tensor.to(dtype)
-    if non_finite(result):  # the source is finite (checked above): every Inf here is an overflow
-        overflowed = int(result.isinf().sum())
-        limit = torch.finfo(dtype).max
-        raise CheckpointError(
-            f"{directory}: cannot convert to {dtype_name(dtype)}: {overflowed} values of tensor "
-            f"'{name}' overflow (largest magnitude {tensor.abs().max().item():.4g}; {dtype} holds at most "
-            f"{limit:.4g}); keep float32 or bfloat16"
-        )
+    check_cast(name, tensor, result, str(directory), "convert to")
     return result
 
 
@@ -137,11 +141,13 @@ def convert(
     if destination.exists():
         raise CheckpointError(f"{destination}: already exists; choose a new destination or remove it first")
     parse_size(max_shard_size)  # a bad size fails before any work
-    directory = resolve_checkpoint(source, include_tokenizer=True)
+    check_requested_dtype(dtype)
+    directory = resolve_checkpoint(source, include_tokenizer=True, include_sentence_transformers=True)
     tensors, config_values = canonical_tensors(directory, dtype)
+    backbone = not any(name.startswith(BACKBONE_PREFIX) for name in tensors)  # no task heads: a BertModel
     with atomic_directory(destination) as temporary:
         written = write_safetensors(tensors, temporary, max_shard_size)
         (temporary / CONFIG_FILE).write_text(json.dumps(config_values, indent=2) + "\n", encoding="utf-8")
         written.append(CONFIG_FILE)
-        written += copy_tokenizer_files(directory, temporary)
+        written += copy_model_files(directory, temporary, sentence_transformers=backbone)
     return written

@@ -1,4 +1,4 @@
-"""`describe`: what a checkpoint holds and what hfbert's key map does to it, as plain text.
+"""`describe`: what a checkpoint holds and what hfbert's key map does to it, as plain text (`summary`: as data).
 
 Config summary; files with sizes and sha256; the tensor table (name, shape, dtype, bytes, key map action)
 with encoder layers folded when they are identical; parameter counts.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import dtype_name
@@ -18,24 +19,22 @@ from converters.key_map import map_key
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 
 
-def describe(directory: Path) -> str:
+def summary(directory: Path) -> dict[str, Any]:
+    """What `describe` prints, as data (`hfbert inspect --json`): config, files, tensors, parameter counts."""
     from hfbert.modeling.config import BertConfig
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
     checkpoint = read_checkpoint(directory)
-    lines = [
-        f"checkpoint  {directory}",
-        f"config      {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{config.num_attention_heads} heads, intermediate {config.intermediate_size}, vocab {config.vocab_size}, "
-        f"positions {config.max_position_embeddings}, token types {config.type_vocab_size}, {config.hidden_act}",
-        "",
-        "files",
+    files = [
+        {
+            "name": file.name,
+            "bytes": file.stat().st_size,
+            "sha256": sha256_of(file),
+            "not_read": checkpoint.not_read.get(file.name),
+        }
+        for file in sorted(p for p in directory.iterdir() if p.is_file())
     ]
-    for file in sorted(p for p in directory.iterdir() if p.is_file()):
-        note = f"  ({checkpoint.not_read[file.name]})" if file.name in checkpoint.not_read else ""
-        lines.append(f"  {file.name:<40} {file.stat().st_size:>15,} bytes  sha256 {sha256_of(file)}{note}")
-
-    rows = []  # (name, shape, dtype, bytes, what the key map does)
+    tensors = []
     for name, tensor in checkpoint.tensors.items():
         mapped = map_key(name)
         action = {
@@ -44,13 +43,16 @@ def describe(directory: Path) -> str:
             "ignored": f"ignored by design: {mapped.reason}",
             "legacy buffer": f"legacy buffer, checked then dropped: {mapped.reason}",
         }[mapped.action]
-        rows.append((name, list(tensor.shape), dtype_name(tensor.dtype), tensor.nbytes, action))
-    lines += ["", f"tensors ({len(rows)}; encoder layers folded where identical)"]
-    table = fold_layers(rows)
-    width = max(len(row[0]) for row in table)
-    lines.append(f"  {'name':<{width}}  {'shape':<14} {'dtype':<9} {'bytes':>13}  key map")
-    for name, shape, dtype, size, action in table:
-        lines.append(f"  {name:<{width}}  {str(shape):<14} {dtype:<9} {size:>13,}  {action}")
+        tensors.append(
+            {
+                "name": name,
+                "shape": list(tensor.shape),
+                "dtype": dtype_name(tensor.dtype),
+                "bytes": tensor.nbytes,
+                "action": mapped.action,
+                "key_map": action,
+            }
+        )
 
     counts = {"backbone": 0, "heads": 0}
     seen_storage = set()  # a .bin may store the tied decoder weight as a view of the word embeddings
@@ -61,7 +63,51 @@ def describe(directory: Path) -> str:
             continue
         seen_storage.add(storage)
         counts["heads" if action == "ignored" else "backbone"] += tensor.numel()
-    backbone, ignored = counts["backbone"], counts["heads"]
+    return {
+        "checkpoint": str(directory),
+        "config": {
+            key: getattr(config, key)
+            for key in (
+                "num_hidden_layers",
+                "hidden_size",
+                "num_attention_heads",
+                "intermediate_size",
+                "vocab_size",
+                "max_position_embeddings",
+                "type_vocab_size",
+                "hidden_act",
+            )
+        },
+        "files": files,
+        "tensors": tensors,
+        "parameters": {**counts, "total": counts["backbone"] + counts["heads"]},
+    }
+
+
+def describe(directory: Path) -> str:
+    facts = summary(directory)
+    c = facts["config"]
+    lines = [
+        f"checkpoint  {directory}",
+        f"config      {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+        f"{c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
+        f"positions {c['max_position_embeddings']}, token types {c['type_vocab_size']}, {c['hidden_act']}",
+        "",
+        "files",
+    ]
+    for file in facts["files"]:
+        note = f"  ({file['not_read']})" if file["not_read"] else ""
+        lines.append(f"  {file['name']:<40} {file['bytes']:>15,} bytes  sha256 {file['sha256']}{note}")
+
+    rows = [(t["name"], t["shape"], t["dtype"], t["bytes"], t["key_map"]) for t in facts["tensors"]]
+    lines += ["", f"tensors ({len(rows)}; encoder layers folded where identical)"]
+    table = fold_layers(rows)
+    width = max(len(row[0]) for row in table)
+    lines.append(f"  {'name':<{width}}  {'shape':<14} {'dtype':<9} {'bytes':>13}  key map")
+    for name, shape, dtype, size, action in table:
+        lines.append(f"  {name:<{width}}  {str(shape):<14} {dtype:<9} {size:>13,}  {action}")
+
+    backbone, ignored = facts["parameters"]["backbone"], facts["parameters"]["heads"]
     lines += [
         "",
         f"parameters  backbone {backbone:,}   heads (ignored by a backbone) {ignored:,}   total {backbone + ignored:,}",

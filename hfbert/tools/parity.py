@@ -51,7 +51,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -67,7 +66,7 @@ from torch import Tensor
 from converters.dtypes import DTYPES
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.tools.extras import import_pyplot, import_transformers
-from hfbert.tools.texts import numbered_lines
+from hfbert.tools.texts import display_name, numbered_lines
 
 TOP_K = 5
 # hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference` (packed weights).
@@ -84,10 +83,11 @@ def default_texts() -> list[str]:
 
 
 def read_texts(path: str | os.PathLike) -> list[str]:
-    """One text per line; blank lines are skipped; invalid UTF-8 is named with its line and column."""
+    """One text per line (`-`: standard input); blank lines are skipped; invalid UTF-8 is named with its line and
+    column."""
     texts = [line for _, line in numbered_lines(path) if line.strip()]
     if not texts:
-        raise ValueError(f"{path}: no text in the file (expected one text per line)")
+        raise ValueError(f"{display_name(path)}: no text in the file (expected one text per line)")
     return texts
 
 
@@ -394,37 +394,134 @@ class ParityReport:
             temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     def plot(self, path: str | os.PathLike) -> None:
-        """Error against float64 per layer, hfbert and transformers, log scale; attention rows and heads beside."""
+        """Write `figure()` to an image file (the format from its suffix; png by default), atomically."""
         from converters.atomic_write import atomic_file
 
         pyplot = import_pyplot()
-        floor = 1e-12  # exact agreement (0) is drawn here
+        figure = self.figure()
+        with atomic_file(path) as temporary:
+            figure.savefig(temporary, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
+        pyplot.close(figure)
+
+    def figure(self) -> Any:
+        """A matplotlib figure of what is judged, per output in forward order: above, hfbert's and transformers'
+        RMS error against float64 (log scale; hidden states and attention probabilities as separate series,
+        hfbert filled, transformers hollow, so that coinciding values stay visible); below, their ratio against
+        the `ACCURACY_RATIO` bound (where the eps floor allows more, that output's own bound is marked). PASS or
+        FAIL in the title."""
+        pyplot = import_pyplot()
+        floor = 1e-12  # an exact agreement (RMS 0) is drawn here
         accuracy_rows = [row for row in self.rows if isinstance(row.total, Accuracy)]
         hidden = [row for row in accuracy_rows if row.name == "embeddings" or row.name.startswith("layer ")]
         attentions = [row for row in accuracy_rows if row.name.startswith("attentions")]
         extra = [row for row in accuracy_rows if row.name in ("pooler", "mlm logits")]
-        figure, axes = pyplot.subplots(figsize=(9, 4.5))
-        x_hidden = list(range(-1, len(hidden) - 1))  # embeddings at -1, layer i at i
-        for key, label, style in (("ours_error", "hfbert", "o-"), ("reference_error", "transformers", "o:")):
-            values = [max(getattr(row.total, key).max_abs, floor) for row in hidden]
-            axes.plot(x_hidden, values, style, label=f"hidden states, {label}")
-            if attentions:
-                values = [max(getattr(row.total, key).max_abs, floor) for row in attentions]
-                axes.plot(range(len(attentions)), values, "s" + style[1:], label=f"attention probabilities, {label}")
-            for offset, row in enumerate(extra):
-                value = max(getattr(row.total, key).max_abs, floor)
-                axes.plot([self.num_layers + offset], [value], "D", label=f"{row.name}, {label}")
-        ticks = x_hidden + [self.num_layers + offset for offset in range(len(extra))]
-        axes.set_xticks(ticks, ["emb"] + [str(i) for i in range(self.num_layers)] + [row.name for row in extra])
-        axes.set_yscale("log")
-        axes.set_xlabel("layer")
-        axes.set_ylabel(f"max abs error vs float64 (0 drawn at {floor:g})")
-        axes.set_title(f"{Path(self.model_path).name}, {self.device}, {self.dtype}, attention {self.attn}")
-        axes.legend(fontsize="small")
+        # x: embeddings at 0, layer i (its hidden state and its attention probabilities) at i + 1, then the rest.
+        x_hidden = list(range(len(hidden)))
+        x_attentions = [int(row.name.split()[-1]) + 1 for row in attentions]
+        x_extra = [len(hidden) + offset for offset in range(len(extra))]
+        series = [
+            ("hidden states", hidden, x_hidden, "o", "C0"),
+            ("attention probabilities", attentions, x_attentions, "^", "C2"),
+            ("pooler / mlm logits", extra, x_extra, "D", "C4"),
+        ]
+        finite = [r.total.ratio for r in accuracy_rows if math.isfinite(r.total.ratio) and r.total.ratio > 0]
+        low, high = min([0.5, *finite]) / 1.5, max([ACCURACY_RATIO * 2, *finite]) * 30  # room for the legend
+        floored = False  # whether some output's eps floor allows more than ACCURACY_RATIO
+        figure, (errors, ratios) = pyplot.subplots(
+            2, 1, figsize=(10, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+        )
+        for label, rows, xs, marker, color in series:
+            if not rows:
+                continue
+            line = "-" if rows is not extra else "none"
+            ours = [max(row.total.ours_error.rms, floor) for row in rows]
+            theirs = [max(row.total.reference_error.rms, floor) for row in rows]
+            errors.plot(
+                xs,
+                theirs,
+                marker=marker,
+                linestyle=line.replace("-", "--"),
+                color=color,
+                markersize=11,
+                markerfacecolor="none",
+                markeredgewidth=1.5,
+                alpha=0.8,
+                label=f"{label}: transformers",
+            )
+            errors.plot(xs, ours, marker=marker, linestyle=line, color=color, markersize=5, label=f"{label}: hfbert")
+            values = [row.total.ratio for row in rows]
+            passed = [row.passed for row in rows]
+            xs = [x + 0.12 for x in xs] if rows is attentions else xs  # beside the hidden state of the same layer
+            ratios.plot(xs, values, linestyle=line, color=color, alpha=0.4)
+            for x, value, ok in zip(xs, values, passed, strict=True):
+                shown = min(max(value, low), high) if math.isfinite(value) else high / 2  # NaN, inf: at the top
+                ratios.plot(
+                    [x],
+                    [shown],
+                    marker=marker,
+                    linestyle="none",
+                    markersize=7,
+                    color=color if ok else "red",
+                    markeredgecolor="black" if not ok else color,
+                    gid="ratio",
+                )
+            for x, row in zip(xs, rows, strict=True):  # an output whose eps floor allows more than 1.5x
+                transformers_error = row.total.reference_error.rms
+                if transformers_error > 0 and row.total.allowed_error > ACCURACY_RATIO * transformers_error * 1.001:
+                    floored = True
+                    ratios.plot(
+                        [x],
+                        [row.total.allowed_error / transformers_error],
+                        marker="_",
+                        color="grey",
+                        markersize=14,
+                        linestyle="none",
+                        gid="bound of this output",
+                    )
+        errors.set_yscale("log")
+        plotted = [max(r.total.ours_error.rms, r.total.reference_error.rms, floor) for r in accuracy_rows] or [1.0]
+        errors.set_ylim(top=max(plotted) * 60)  # room for the legend above the data
+        errors.set_ylabel(f"RMS error vs float64\n({self.dtype}; 0 drawn at {floor:g})")
+        errors.legend(fontsize="small", ncol=3, loc="upper center")
+        errors.grid(True, which="major", alpha=0.3)
+        ratios.set_yscale("log")
+        ratios.axhspan(low, ACCURACY_RATIO, color="green", alpha=0.08)
+        ratios.axhline(
+            ACCURACY_RATIO,
+            color="red",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"bound: {ACCURACY_RATIO:g}x transformers' own error",
+        )
+        ratios.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="as accurate as transformers")
+        if floored:
+            ratios.plot(
+                [], [], marker="_", color="grey", markersize=14, linestyle="none", label="its bound (eps floor)"
+            )
+        if any(not row.passed for row in accuracy_rows):
+            ratios.plot([], [], marker="o", color="red", markeredgecolor="black", linestyle="none", label="FAIL")
+        ratios.set_ylim(low, high)
+        ratios.set_ylabel("hfbert RMS error /\ntransformers RMS error")
+        ratios.legend(fontsize="small", loc="upper center", ncol=4)
+        ratios.grid(True, axis="y", which="major", alpha=0.3)
+        ticks = x_hidden + x_extra
+        names = ["emb"] + [str(i) for i in range(self.num_layers)] + [row.name.replace(" ", "\n") for row in extra]
+        ratios.set_xticks(ticks, names)
+        ratios.set_xlabel("output (layer)")
+        failed = [row.name for row in self.rows if not row.passed]
+        verdict = (
+            f"PASS: all {len(self.rows)} outputs within {ACCURACY_RATIO:g}x transformers' RMS error vs float64"
+            if not failed
+            else f"FAIL: {len(failed)} of {len(self.rows)} outputs fail; first divergence: {self.first_divergence}"
+        )
+        figure.suptitle(
+            f"{verdict}\n{self.model[-60:]}, {self.device}, {self.dtype}, attention {self.attn}, "
+            f"linear {self.linear_kernel}",
+            color="darkgreen" if not failed else "darkred",
+            fontsize="medium",
+        )
         figure.tight_layout()
-        with atomic_file(path) as temporary:
-            figure.savefig(temporary, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
-        pyplot.close(figure)
+        return figure
 
 
 # -- the inputs -----------------------------------------------------------------------------------------------
@@ -543,13 +640,17 @@ def run_parity(
     linear_kernel: str | None = None,
     tolerance: float | None = None,
     progress: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    model_name: str | None = None,
 ) -> ParityReport:
     """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
     directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
     `reference`: load transformers from this checkpoint instead (default: `model_path`), e.g. to check a
     converted or re-saved copy against its original. `linear_kernel`: "standard" (default: `nn.Linear`, as built)
     or "packed" (hfbert's models through `hfbert.optimize_for_inference`). `tolerance`: also require max abs
-    against transformers to be at most this."""
+    against transformers to be at most this. `cache_dir`, `token`: for Hub repo ids, as in huggingface_hub.
+    `model_name`: what the report calls the model (default: `model_path` as given)."""
     transformers = import_transformers()
     from converters.checkpoint_files import read_checkpoint
     from converters.hub import resolve_checkpoint
@@ -573,15 +674,18 @@ def run_parity(
         raise ValueError(f"tolerance must be a number >= 0, got {tolerance}")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    if torch.device(device).type == "mps":
+        raise ValueError(f"device {device!r}: the float64 reference cannot run on mps (it has no float64); use cpu")
 
-    directory = Path(resolve_checkpoint(model_path, revision, include_tokenizer=True))
+    hub = {"cache_dir": cache_dir, "token": token}
+    directory = Path(resolve_checkpoint(model_path, revision, include_tokenizer=True, **hub))
     checkpoint = read_checkpoint(directory)
     stored = {normalize_name(name) for name in checkpoint.tensors}
     has_pooler = any(name.startswith("pooler.") for name in stored)
     has_mlm_head = any(head_of(name) == MLM_HEAD for name in stored)
     weight_files = _describe_files(checkpoint.files)
     del checkpoint
-    reference_directory = Path(resolve_checkpoint(reference)) if reference is not None else directory
+    reference_directory = Path(resolve_checkpoint(reference, **hub)) if reference is not None else directory
     reference_files = _describe_files(read_checkpoint(reference_directory).files) if reference is not None else []
 
     def references(class_name: str, attention: str, **kwargs: Any) -> tuple[Any, Any]:
@@ -617,7 +721,7 @@ def run_parity(
         rows[f"mlm top-{TOP_K}"] = Row(f"mlm top-{TOP_K}", 2 * layers + 3, TopKStats)
 
     passes = ["backbone"] + (["eager attentions"] if attn == "sdpa" else []) + (["masked LM"] if has_mlm_head else [])
-    from tqdm.auto import tqdm
+    from hfbert.tools.progress import Progress
 
     total = len(passes) * sum(len(case.batches) for case in cases)
     packed = linear_kernel == "packed"
@@ -625,8 +729,8 @@ def run_parity(
         optimize_for_inference(ours)
     ran_kernel = "oneDNN, packed" if packed and packed_layers(ours) else "F.linear"
     with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad():
-        # disable=None: a bar only when stderr is a terminal
-        bar = tqdm(total=total, desc="parity", unit="batch", disable=None if progress else True, file=sys.stderr)
+        # A bar on a terminal, a line every 30 s in a log (hfbert.tools.progress).
+        bar = Progress(total, "parity", "batch", enabled=progress)
         for name in passes:
             if name == "eager attentions":
                 ours.set_attn_implementation("eager")
@@ -648,7 +752,7 @@ def run_parity(
         bar.close()
 
     return ParityReport(
-        model=str(model_path),
+        model=str(model_name if model_name is not None else model_path),
         model_path=str(directory),
         reference_path=str(reference_directory),
         device=str(device),

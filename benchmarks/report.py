@@ -1,0 +1,598 @@
+"""From a benchmark's JSON result to the docs: every measured table and figure in docs/ is written here.
+
+A docs page holds each generated part between two markers, `<!-- NAME:begin -->` and `<!-- NAME:end -->`; the
+text between them is rendered from the committed result `docs/results/NAME.json` and from nothing else, so a
+table cannot drift from the run behind it. The benchmarks call this module:
+
+    python -m benchmarks.numerical_contract --update-docs  # measure, write docs/results/numerical_contract.json
+    python -m benchmarks.numerical_contract --render docs/results/numerical_contract.json  # render only, no run
+    python -m benchmarks.report                            # re-render every committed result
+    python -m benchmarks.report --check                    # exit 1 if a page differs from its committed result
+
+Results (docs/results/), the scripts that write them and the pages (docs/) they go to:
+
+- numerical_contract.json: `python -m benchmarks.numerical_contract`, into numerical-contract.md;
+- peers.json and peers_avx2.json: `python -m benchmarks.peers [--cap-isa AVX2]`, into cpu-inference.md;
+- benchmark.json and benchmark_optimized.json: `python -m benchmarks.benchmark [--optimized]`, into
+  cpu-inference.md.
+
+Figures (PNG, docs/images/) are drawn with matplotlib when it is installed; `--check` compares the Markdown only
+(a PNG's bytes depend on the matplotlib version). This module imports neither torch nor hfbert: tests/test_docs.py
+renders every committed result and compares it with the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+RESULTS = DOCS / "results"
+IMAGES = DOCS / "images"
+
+
+# -- sections ----------------------------------------------------------------------------------------------------
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def section(text: str, name: str) -> str | None:
+    """The text between NAME's markers, or None when the page has no such section."""
+    begin, end = markers(name)
+    match = re.search(re.escape(begin) + r"\n(.*?)" + re.escape(end), text, flags=re.DOTALL)
+    return match.group(1) if match else None
+
+
+def replace_section(text: str, name: str, body: str, page: Path) -> str:
+    begin, end = markers(name)
+    if section(text, name) is None:
+        raise SystemExit(f"{page}: no section {name!r}: add the lines {begin!r} and {end!r} where it goes")
+    body = body.rstrip("\n") + "\n"
+    pattern = re.escape(begin) + r"\n.*?" + re.escape(end)
+    return re.sub(pattern, lambda _: f"{begin}\n{body}{end}", text, count=1, flags=re.DOTALL)
+
+
+# -- shared ------------------------------------------------------------------------------------------------------
+def generated_note(name: str, command: str) -> str:
+    return (
+        f"<!-- Written by `python -m benchmarks.report` from docs/results/{name}.json (measured by `{command}`); "
+        "do not edit by hand. -->"
+    )
+
+
+def verdict(passed: bool) -> str:
+    return "pass" if passed else "FAIL"
+
+
+# -- the numerical contract ------------------------------------------------------------------------------------------
+KERNEL_NAMES = {
+    "standard": "F.linear (default)",
+    "packed": "packed (optimize_for_inference)",
+}
+PATHS = [("eager", "padded"), ("eager", "padding-free"), ("sdpa", "padded"), ("sdpa", "padding-free")]
+CONTRACT_RATIO = 1.5  # hfbert.tools.parity.ACCURACY_RATIO: the verdict's bound
+
+
+def contract_groups(result: dict) -> dict[tuple, dict]:
+    """(checkpoint, dtype, kernel) -> {(attn, padding): row}, in the order the rows were measured."""
+    groups: dict[tuple, dict] = {}
+    for row in result["rows"]:
+        groups.setdefault((row["checkpoint"], row["dtype"], row["kernel"]), {})[(row["attn"], row["padding"])] = row
+    return groups
+
+
+def contract_machine(results: list[dict]) -> str:
+    first = results[0]
+    isas = "; ".join(f"`{result['isa']}` = {result['instruction_set']}" for result in results)
+    when = f" Measured {first['measured']}." if first.get("measured") else ""
+    return (
+        f"CPU: {first['cpu']}. Instruction sets: {isas}. torch {first['torch']}, transformers "
+        f"{first['transformers']}; {first['texts']} parity sentences, {first['tokens']} real tokens.{when}"
+    )
+
+
+def contract_table(results: list[dict]) -> str:
+    """One line per instruction set, checkpoint, dtype and kernel: the worst ratio on each path, the verdict."""
+    paths = " | ".join(f"{attn}, {padding}" for attn, padding in PATHS)
+    lines = [
+        f"| ISA | checkpoint | dtype | linear kernel | transformers RMS err | {paths} | verdict |",
+        "|---|---|---|---|---|" + "---|" * len(PATHS) + "---|",
+    ]
+    for result in results:
+        for (checkpoint, dtype, kernel), rows in contract_groups(result).items():
+            ratios = " | ".join(f"{rows[path]['worst_ratio']:.2f}" if path in rows else "" for path in PATHS)
+            theirs = max(row["transformers_rms"] for row in rows.values())
+            passed = all(row["passed"] for row in rows.values())
+            lines.append(
+                f"| {result['isa']} | {checkpoint} | {dtype} | {KERNEL_NAMES.get(kernel, kernel)} | {theirs:.2e} "
+                f"| {ratios} | {verdict(passed)} |"
+            )
+    return "\n".join(lines)
+
+
+def sensitivity_table(results: list[dict]) -> str:
+    measured = [result for result in results if result.get("sensitivity")]
+    if not measured:
+        return ""
+    deltas = [row["delta"] for row in measured[0]["sensitivity"]]
+    weight = measured[0]["sensitivity"][0]["weight"]
+    lines = [
+        f"Sensitivity: the bert-base layout's `{weight}` scaled by 1 + delta (sdpa, float32, default kernel); "
+        "worst ratio and verdict per instruction set.",
+        "",
+        "| delta | " + " | ".join(result["isa"] for result in measured) + " |",
+        "|---|" + "---|" * len(measured),
+    ]
+    for index, delta in enumerate(deltas):
+        cells = []
+        for result in measured:
+            row = result["sensitivity"][index]
+            cells.append(f"{row['worst_ratio']:.2f} {verdict(row['passed'])}")
+        lines.append(f"| {delta:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def contract_markdown(results: list[dict], images: bool = True) -> str:
+    parts = [contract_machine(results), ""]
+    if images:
+        parts += [
+            "![The worst ratio of every path: hfbert's RMS error against float64 over transformers' own, one cell "
+            "per instruction set, checkpoint, dtype, kernel and path; the contract allows 1.5](images/"
+            "numerical_contract.png)",
+            "",
+        ]
+    parts.append(contract_table(results))
+    sensitivity = sensitivity_table(results)
+    if sensitivity:
+        parts += ["", sensitivity]
+        if images:
+            parts += [
+                "",
+                "![The worst ratio as one weight matrix drifts by a relative delta: caught from the first "
+                "delta above the 1.5 line](images/numerical_contract_sensitivity.png)",
+            ]
+    return "\n".join(parts)
+
+
+def contract_figures(results: list[dict], images: Path) -> None:
+    plt, colors = pyplot()
+    labels, values = [], []
+    for result in results:
+        for (checkpoint, dtype, kernel), rows in contract_groups(result).items():
+            kernel_name = KERNEL_NAMES.get(kernel, kernel).split(" (")[0]
+            labels.append(f"{result['isa']} | {checkpoint} | {dtype} | {kernel_name}")
+            values.append([rows[path]["worst_ratio"] if path in rows else math.nan for path in PATHS])
+    worst = max((value for row in values for value in row if not math.isnan(value)), default=1.0)
+    norm = colors.TwoSlopeNorm(vmin=1.0, vcenter=CONTRACT_RATIO, vmax=max(2.0, worst))
+    figure, axes = plt.subplots(figsize=(10.5, 1.6 + 0.36 * len(labels)), layout="constrained")
+    image = axes.imshow(values, cmap="RdYlGn_r", norm=norm, aspect="auto")
+    axes.set_xticks(range(len(PATHS)), [f"{attn}\n{padding}" for attn, padding in PATHS])
+    axes.xaxis.tick_top()
+    axes.set_yticks(range(len(labels)), labels, fontsize=9)
+    axes.tick_params(length=0)
+    for y, row in enumerate(values):
+        for x, value in enumerate(row):
+            if not math.isnan(value):
+                axes.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=9)
+    for y in range(1, len(labels)):  # thin white rules between rows
+        axes.axhline(y - 0.5, color="white", linewidth=1)
+    bar = figure.colorbar(image, ax=axes, shrink=min(1.0, 8 / len(labels) + 0.3), pad=0.02)
+    bar.ax.axhline(CONTRACT_RATIO, color="black", linewidth=2)
+    bar.set_ticks(sorted({1.0, 1.25, CONTRACT_RATIO, max(2.0, worst)}))
+    bar.set_label(f"ratio (limit {CONTRACT_RATIO}: black line)")
+    axes.set_title(
+        "hfbert's RMS error against float64 / transformers' RMS error against float64\n"
+        f"(worst output of each path; {results[0]['cpu']}, {results[0]['texts']} sentences)",
+        fontsize=11,
+    )
+    save(figure, images / "numerical_contract.png")
+
+    measured = [result for result in results if result.get("sensitivity")]
+    if not measured:
+        return
+    figure, axes = plt.subplots(figsize=(7, 4), layout="constrained")
+    for result in measured:
+        deltas = [row["delta"] for row in result["sensitivity"]]
+        axes.plot(deltas, [row["worst_ratio"] for row in result["sensitivity"]], marker="o", label=result["isa"])
+    axes.axhline(CONTRACT_RATIO, color="black", linestyle="--", linewidth=1.5)
+    smallest = min(row["delta"] for result in measured for row in result["sensitivity"])
+    axes.text(smallest, CONTRACT_RATIO * 1.08, f"contract limit {CONTRACT_RATIO}")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    top = max(row["worst_ratio"] for result in measured for row in result["sensitivity"])
+    ticks = [tick for tick in (1, 1.5, 2, 5, 10, 20, 50, 100, 200, 500) if tick <= top * 1.5]
+    axes.set_yticks(ticks, [f"{tick:g}" for tick in ticks])
+    axes.minorticks_off()
+    axes.set_xlabel("relative change delta of one weight matrix (layer 5 output.dense x (1 + delta))")
+    axes.set_ylabel("worst ratio (hfbert / transformers error)")
+    axes.set_title(f"What the verdict catches (bert-base layout, float32; {measured[0]['cpu']})", fontsize=11)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(title="instruction set")
+    save(figure, images / "numerical_contract_sensitivity.png")
+
+
+# -- peers ---------------------------------------------------------------------------------------------------------
+PEERS = ("transformers", "ONNX Runtime", "OpenVINO", "CTranslate2")
+ENGINES = ("hfbert", *PEERS)
+GOAL_PEER_RATIO, GOAL_FLOOR_RATIO = 1.1, 1.33
+COLORS = {
+    "transformers": "#7f7f7f",
+    "ONNX Runtime": "#1f77b4",
+    "OpenVINO": "#9467bd",
+    "CTranslate2": "#ff7f0e",
+    "sentence-transformers": "#2ca02c",
+}
+
+
+def show_seconds(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.3g} ms"
+
+
+def peers_machine(result: dict) -> list[str]:
+    machine = result["machine"]
+    isa = machine["instruction_set"]
+    if machine.get("cap"):
+        isa = f"{machine['cap']} (torch reports {isa})"
+    lines = [
+        f"Machine: {machine['cpu']}; instruction set {isa}; avx512_bf16 "
+        f"{'yes' if machine['avx512_bf16'] else 'no'}; {machine['cores']} cores, {machine['threads']} threads for "
+        "every engine.",
+        "Versions: " + ", ".join(f"{name} {value}" for name, value in machine["versions"].items()) + ".",
+    ]
+    if machine.get("cap"):
+        variables = " ".join(f"{name}={value}" for name, value in machine["cap_variables"].items())
+        lines.append(f"Cap {variables}: {machine.get('cap_reach', '')}.")
+    busy = f"Run time {result['seconds'] / 60:.0f} min"
+    if machine.get("others_cores") is not None:
+        busy += f"; other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
+    if machine.get("measured"):
+        busy += f"; measured {machine['measured']}"
+    lines.append(busy + ".")
+    if result.get("args", {}).get("quick") == "True":
+        lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, fewer timed rounds.")
+    if result.get("partial"):
+        measured = ", ".join(
+            row["label"].split(".")[0] + (" int8" if "int8" in row["row"] else "") for row in result["rows"]
+        )
+        lines.append(f"A partial run: it stopped after rows {measured}; the other rows were not measured.")
+    return lines
+
+
+def peers_table(result: dict) -> list[str]:
+    lines = [
+        f"| workload | {' | '.join(ENGINES)} | hfbert vs fastest peer (goal >= {GOAL_PEER_RATIO:.2f}x) |",
+        f"|---|{'---|' * len(ENGINES)}---|",
+    ]
+    for row in result["rows"]:
+        cells = []
+        for name in ENGINES:
+            if name not in row["seconds"]:
+                cells.append("-")
+            elif name == "hfbert" or "ratio" not in row:
+                cells.append(show_seconds(row["seconds"][name]))
+            else:
+                cells.append(f"{show_seconds(row['seconds'][name])} ({row['ratio'][name]:.2f}x)")
+        outcome = ""
+        if "hfbert_vs_fastest_peer" in row:
+            ratio = row["hfbert_vs_fastest_peer"]
+            outcome = f"{ratio:.2f}x ({row['fastest_peer']}) {'met' if ratio >= GOAL_PEER_RATIO else 'MISS'}"
+        lines.append(f"| {row['label']} | {' | '.join(cells)} | {outcome} |")
+        if row.get("cosine") is not None:
+            cosines = [f"{row['cosine'][name]:.6f}" if name in row["cosine"] else "-" for name in ENGINES]
+            lines.append(f"| {row['cosine_label']} | {' | '.join(cosines)} | |")
+    lines += [
+        "",
+        "Cells: median time per pass over the workload's batches (per call for latency), then engine time / "
+        "hfbert time: above 1, hfbert is faster. Cosine rows: each engine's smallest cosine similarity to "
+        "transformers fp32 over the real tokens of the dense batch and the first mixed batch.",
+    ]
+    return lines
+
+
+def peers_embed(result: dict) -> list[str]:
+    embed = result.get("embed")
+    if not embed:
+        return []
+    tokens = embed["tokens"]
+    met = "met" if embed["ratio"] >= GOAL_PEER_RATIO else "MISS"
+    return [
+        "",
+        f"| 5. embed, all-MiniLM-L6-v2, {embed['texts']} real texts ({tokens['total']} tokens, median "
+        f"{tokens['median']:.0f}, max {tokens['max']}), batches of 32, fp32 | hfbert embed "
+        f"| sentence-transformers encode | hfbert vs peer (goal >= {GOAL_PEER_RATIO:.2f}x) | min cosine |",
+        "|---|---|---|---|---|",
+        f"| seconds | {show_seconds(embed['seconds']['hfbert'])} "
+        f"| {show_seconds(embed['seconds']['sentence-transformers'])} | {embed['ratio']:.2f}x {met} "
+        f"| {embed['min_cosine']:.6f} |",
+    ]
+
+
+def peers_floor(result: dict) -> list[str]:
+    floor = result.get("floor")
+    if not floor:
+        return []
+    lines = [
+        "",
+        f"Read bandwidth: {floor['bandwidth'] / 1e9:.1f} GB/s (sum of 1 GiB float32, best of 5, "
+        f"{result['machine']['threads']} threads).",
+    ]
+    for precision, entry in floor["precisions"].items():
+        line = (
+            f"Batch-1 floor {precision}: {entry['bytes'] / 1e6:.0f} MB of encoder Linear weights / bandwidth = "
+            f"{show_seconds(entry['seconds'])}"
+        )
+        if "hfbert" in entry:
+            line += f"; hfbert 1x16 latency {show_seconds(entry['hfbert'])} = {entry['ratio']:.2f}x the floor"
+            if precision == "fp32":
+                met = "met" if entry["ratio"] <= GOAL_FLOOR_RATIO else "MISS"
+                line += f" (goal <= {GOAL_FLOOR_RATIO}x: {met})"
+        lines.append(line + ".")
+    return lines
+
+
+def peers_engines(result: dict) -> list[str]:
+    lines = []
+    for precision, notes in result.get("engines", {}).items():
+        for name, entries in notes.items():
+            lines.append(f"- {name} {precision}: {'; '.join(entries)}")
+    for name, why in result.get("skipped", {}).items():
+        lines.append(f"- skipped {name}: {why}")
+    return lines
+
+
+def peers_markdown(result: dict, name: str = "peers", images: bool = True) -> str:
+    lines = peers_machine(result)
+    if images:
+        alt = "hfbert's speed-up over each engine, per workload (engine time / hfbert time)"
+        lines += ["", f"![{alt}](images/{name}.png)"]
+    lines += ["", *peers_table(result), *peers_embed(result), *peers_floor(result)]
+    engines = peers_engines(result)
+    if engines:
+        lines += ["", "What each engine ran:", "", *engines]
+    return "\n".join(lines)
+
+
+def peers_figure(result: dict, path: Path) -> None:
+    plt, _ = pyplot()
+    groups = []  # (workload label, {engine: engine time / hfbert time})
+    for row in result["rows"]:
+        if "ratio" in row:
+            groups.append((row["label"], {name: row["ratio"][name] for name in PEERS if name in row["ratio"]}))
+    if result.get("embed"):
+        embed = result["embed"]
+        label = f"5. embed, all-MiniLM-L6-v2, {embed['texts']} texts"
+        groups.append((label, {"sentence-transformers": embed["ratio"]}))
+    engines = [name for name in (*PEERS, "sentence-transformers") if any(name in ratios for _, ratios in groups)]
+    height = 0.8 / max(1, max(len(ratios) for _, ratios in groups))
+    figure, axes = plt.subplots(figsize=(10, 1.0 + 0.62 * len(groups) + 0.35 * len(engines)), layout="constrained")
+    values = [value for _, ratios in groups for value in ratios.values()]
+    for y, (_, ratios) in enumerate(groups):
+        present = [name for name in engines if name in ratios]
+        for index, name in enumerate(present):  # bars from the 1x line: right, hfbert is faster; left, slower
+            position = y - height * len(present) / 2 + height * (index + 0.5)
+            ratio = ratios[name]
+            axes.barh(position, ratio - 1, left=1, height=height * 0.9, color=COLORS[name], label=name)
+            axes.text(
+                ratio * (1.03 if ratio >= 1 else 0.97),
+                position,
+                f"{ratio:.2f}x",
+                va="center",
+                ha="left" if ratio >= 1 else "right",
+                fontsize=8,
+            )
+    handles, labels = axes.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=False))
+    axes.axvline(1.0, color="black", linewidth=1.5)
+    axes.axvline(GOAL_PEER_RATIO, color="black", linewidth=1, linestyle=":")
+    axes.set_xscale("log")
+    low, high = min(values + [1.0]) / 1.5, max(values + [1.0]) * 1.5
+    axes.set_xlim(low, high)
+    ticks = [tick for tick in (0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0) if low <= tick <= high]
+    axes.set_xticks(ticks, [f"{tick:g}x" for tick in ticks])
+    axes.minorticks_off()
+    one = math.log(1 / low) / math.log(high / low)  # where the 1x line is, as a fraction of the axis
+    style = {"transform": axes.transAxes, "va": "bottom", "fontsize": 9, "color": "dimgray"}
+    axes.text(one - 0.01, 1.005, "<- the engine is faster", ha="right", **style)
+    axes.text(one + 0.01, 1.005, "hfbert is faster ->", ha="left", **style)
+    axes.set_yticks(range(len(groups)), [label for label, _ in groups])
+    axes.invert_yaxis()
+    axes.grid(True, axis="x", alpha=0.3)
+    axes.set_xlabel("engine time / hfbert time (right of the 1x line: hfbert is faster; dotted: the 1.1x goal)")
+    machine = result["machine"]
+    isa = machine["cap"] or machine["instruction_set"]
+    axes.set_title(
+        f"hfbert against the engines, bert-base ({machine['cpu']}, {isa}, {machine['threads']} threads)", pad=18
+    )
+    figure.legend([unique[name] for name in engines], engines, loc="outside lower center", ncol=len(engines))
+    save(figure, path)
+
+
+# -- benchmark.py: hfbert against transformers alone -----------------------------------------------------------------
+def show_value(value: float, unit: str) -> str:
+    if unit == "cos":
+        return f"{value:.6f}"
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+
+
+def benchmark_markdown(report: dict) -> str:
+    machine, rows = report["machine"], report["rows"]
+    gpu = f" ({machine['gpu']})" if "gpu" in machine else ""
+    lines = [
+        f"Machine: {machine['cpu']} ({machine['instruction_set']}; {'with' if machine['avx512_bf16'] else 'no'} "
+        f"AVX-512 bf16), {machine['cores']} cores, {machine['device']}{gpu}; torch {machine['torch']} "
+        f"({machine['threads']} threads), transformers {machine['transformers']}, Python {machine['python']}; "
+        f"hfbert's linear layers: {machine['hfbert_linear']}.",
+    ]
+    busy = f"Run time {report['seconds']:.0f} s"
+    if machine.get("others_cores") is not None:
+        busy += f"; other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
+    if machine.get("measured"):
+        busy += f"; measured {machine['measured']}"
+    lines.append(busy + ".")
+    if report.get("args", {}).get("quick") in (True, "True"):
+        lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, 3 timed passes instead of 10.")
+    if machine.get("skipped"):
+        lines.append(f"Left out: {machine['skipped']}.")
+    lines += ["", "| row | hfbert | transformers | ratio | target | |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['row']} | {show_value(r['hfbert'], r['unit'])} | {show_value(r['transformers'], r['unit'])} "
+            f"| {r['ratio']:.2f}x | {r['target']} | {'PASS' if r['pass'] else 'MISS'} |"
+        )
+    lines += ["", "ratio = hfbert / transformers of the shown quantity. Useful FLOPs count real tokens only.", ""]
+    for r in rows:
+        if "gemm_gflops" in r:
+            lines.append(
+                f"- {r['row']}: GEMM 2048^3 {r['gemm_gflops']:.0f} GFLOP/s; useful GFLOP/s hfbert "
+                f"{r['useful_gflops']['hfbert']:.0f}, transformers {r['useful_gflops']['transformers']:.0f}"
+            )
+        if "padded_tokens" in r:
+            lines.append(
+                f"- {r['row']}: {r['real_tokens']} real of {r['padded_tokens']} padded tokens "
+                f"({r['real_tokens'] / r['padded_tokens']:.0%}), {r['useful_gflop']:.0f} useful GFLOP per pass"
+            )
+    return "\n".join(lines)
+
+
+# -- targets: which result goes where --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    name: str  # the result's file stem, the page's section name and the figure's stem
+    page: str  # relative to docs/
+    command: str  # how to measure it again
+    markdown: Callable[[Any, bool], str]
+    figure: Callable[[Any, Path], None] | None
+
+
+def target(kind: str, result: Any) -> Target:
+    if kind == "numerical_contract":
+        command = "python -m benchmarks.numerical_contract --sensitivity --update-docs"
+        return Target(
+            kind, "numerical-contract.md", command, contract_markdown, lambda r, _: contract_figures(r, IMAGES)
+        )
+    if kind == "peers":
+        capped = bool(result["machine"].get("cap"))
+        name = "peers_avx2" if capped else "peers"
+        command = "python -m benchmarks.peers" + (" --cap-isa AVX2" if capped else "") + " --update-docs"
+        return Target(
+            name,
+            "cpu-inference.md",
+            command,
+            lambda r, images: peers_markdown(r, name, images),
+            lambda r, path: peers_figure(r, path),
+        )
+    if kind == "benchmark":
+        optimized = result.get("args", {}).get("optimized") in (True, "True")
+        name = "benchmark_optimized" if optimized else "benchmark"
+        command = "python -m benchmarks.benchmark" + (" --optimized" if optimized else "") + " --update-docs"
+        return Target(name, "cpu-inference.md", command, lambda r, _: benchmark_markdown(r), None)
+    raise ValueError(f"unknown benchmark {kind!r}: numerical_contract, peers or benchmark")
+
+
+def kind_of(path: Path) -> str:
+    for kind in ("numerical_contract", "peers", "benchmark"):
+        if path.stem == kind or path.stem.startswith(kind + "_"):
+            return kind
+    raise SystemExit(f"{path}: not a result of numerical_contract, peers or benchmark")
+
+
+def section_text(kind: str, result: Any, figures: bool) -> tuple[Target, str]:
+    chosen = target(kind, result)
+    return chosen, generated_note(chosen.name, chosen.command) + "\n" + chosen.markdown(result, figures)
+
+
+def render(kind: str, result: Any, figures: bool = True) -> Path:
+    """Rewrite the result's section of its page (and its figure, when matplotlib is there); returns the page."""
+    chosen, body = section_text(kind, result, figures)
+    page = DOCS / chosen.page
+    page.write_text(replace_section(page.read_text(), chosen.name, body, page))
+    if figures and chosen.figure is not None:
+        try:
+            chosen.figure(result, IMAGES / f"{chosen.name}.png")
+        except ImportError:
+            print("matplotlib is not installed: figures left as they were (pip install matplotlib)", file=sys.stderr)
+    print(f"rendered docs/results/{chosen.name}.json into {page.relative_to(ROOT)}", file=sys.stderr)
+    return page
+
+
+def publish(kind: str, result: Any) -> Path:
+    """After a run: write the result to docs/results/NAME.json and render it."""
+    chosen = target(kind, result)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{chosen.name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return render(kind, result)
+
+
+def render_file(kind: str, path: Path) -> Path:
+    """`--render JSON`: render an existing result; one from elsewhere is first copied to docs/results/NAME.json,
+    so that the pages always come from the committed results."""
+    result = json.loads(path.read_text())
+    destination = RESULTS / f"{target(kind, result).name}.json"
+    if path.resolve() != destination.resolve():
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, destination)
+    return render(kind, result)
+
+
+def differences() -> list[str]:
+    """Each committed result whose page section is missing or differs from what it renders to now."""
+    found = []
+    for path in sorted(RESULTS.glob("*.json")):
+        kind = kind_of(path)
+        chosen, body = section_text(kind, json.loads(path.read_text()), figures=True)
+        page = DOCS / chosen.page
+        current = section(page.read_text(), chosen.name) if page.exists() else None
+        if current is None:
+            found.append(f"docs/{chosen.page} has no section {chosen.name!r} for docs/results/{path.name}")
+        elif current.rstrip("\n") != body.rstrip("\n"):
+            found.append(f"docs/{chosen.page} section {chosen.name!r} differs from docs/results/{path.name}")
+    return found
+
+
+# -- figures ---------------------------------------------------------------------------------------------------------
+def pyplot() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.colors
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot, matplotlib.colors
+
+
+def save(figure: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    import matplotlib.pyplot
+
+    matplotlib.pyplot.close(figure)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Render every committed result in docs/results/ into docs/.")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is out of date")
+    args = parser.parse_args()
+    if args.check:
+        found = differences()
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print("re-render with: python -m benchmarks.report", file=sys.stderr)
+        return 1 if found else 0
+    for path in sorted(RESULTS.glob("*.json")):
+        render(kind_of(path), json.loads(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""The sentence-transformers pipeline of a checkpoint, read from its files and run in plain PyTorch: what
+`SentenceTransformer(MODEL).encode(texts)` computes after the encoder, for the modules a BERT embedding checkpoint
+uses. `hfbert.tools.embedding.Embedder` runs it; sentence-transformers itself is never imported.
+
+`read_pipeline(directory, ...)` reads `modules.json` and runs, in its order: Transformer (truncation at
+`max_seq_length`, `do_lower_case`), Pooling (`cls`, `max`, `mean`, `mean_sqrt_len_tokens`, `weightedmean`,
+`lasttoken`, or several concatenated; `include_prompt`), Dense (linear layer, a torch.nn activation, optional
+residual) and Normalize; Dropout is the identity at inference. Anything else is refused by name. Both on-disk
+formats are read:
+
+- the one most Hub checkpoints carry: module types `sentence_transformers.models.*`, `1_Pooling/config.json` with
+  `pooling_mode_mean_tokens: true`-style booleans, `max_seq_length` in `sentence_bert_config.json`, an empty or
+  absent `2_Normalize/`, Dense weights in `pytorch_model.bin`;
+- the one sentence-transformers 6.x writes: types under `sentence_transformers.base.modules` /
+  `sentence_transformers.sentence_transformer.modules`, `{"embedding_dimension", "pooling_mode": "max",
+  "include_prompt"}`, the length as `model_max_length` in `tokenizer_config.json`, a config.json in every module
+  folder, Dense weights in `model.safetensors`.
+
+The length follows sentence-transformers: `max_seq_length` when given, else the tokenizer's `model_max_length`
+capped at `max_position_embeddings`. A default prompt (`config_sentence_transformers.json`: `prompts`,
+`default_prompt_name`) is prepended, as `encode` does. A checkpoint without `modules.json` gets what
+`SentenceTransformer` builds for a plain one: mean pooling, no normalisation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+# sentence-transformers' pooling modes, in the order its legacy booleans concatenate them.
+POOLINGS = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# Module types of modules.json by their class name; the package paths of both formats are accepted.
+_MODULE_PACKAGES = ("sentence_transformers.models", "sentence_transformers.base", "sentence_transformers.sentence_")
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "Dropout")
+
+
+__all__ = ["POOLINGS", "SUPPORTED_MODULES", "Dense", "Pipeline", "pool", "read_pipeline"]
+
+# -- the pipeline -------------------------------------------------------------------------------------------
+
+
+def pool(
+    token_embeddings: Tensor, attention_mask: Tensor, pooling: str | Sequence[str], prompt_length: int = 0
+) -> Tensor:
+    """(batch, sequence, hidden) -> (batch, hidden x modes), sentence-transformers' `Pooling` formulas (several
+    modes are concatenated in the given order). `prompt_length` > 0: that many leading tokens are left out, as
+    `include_prompt=False` does."""
+    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
+    original_mask = attention_mask
+    if prompt_length:
+        attention_mask = attention_mask.clone()
+        attention_mask[:, :prompt_length] = 0  # right padding: the prompt is the first tokens
+    accumulation = torch.float32 if token_embeddings.dtype in (torch.float16, torch.bfloat16) else None
+    accumulation = accumulation or token_embeddings.dtype
+    vectors = []
+    for mode in modes:
+        if mode == "cls":
+            first = attention_mask.to(torch.int).argmax(dim=1)
+            vectors.append(token_embeddings[torch.arange(len(first)), first])
+        elif mode == "max":
+            mask = attention_mask.unsqueeze(-1).expand_as(token_embeddings)
+            vectors.append(token_embeddings.masked_fill(mask == 0, float("-inf")).max(dim=1).values)
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
+            total = (token_embeddings * mask).sum(dim=1, dtype=accumulation)
+            count = torch.clamp(mask.sum(dim=1, dtype=accumulation), min=1e-9)
+            vectors.append((total / (count if mode == "mean" else count.sqrt())).to(token_embeddings.dtype))
+        elif mode == "weightedmean":
+            mask = attention_mask.unsqueeze(-1).to(accumulation)
+            positions = torch.arange(1, token_embeddings.shape[1] + 1, device=mask.device, dtype=accumulation)
+            weights = positions.view(1, -1, 1) - original_mask.to(torch.int32).argmax(dim=1).view(-1, 1, 1)
+            weighted = mask * weights
+            total = (token_embeddings * weighted).sum(dim=1)
+            vectors.append((total / torch.clamp(weighted.sum(dim=1), min=1e-9)).to(token_embeddings.dtype))
+        elif mode == "lasttoken":
+            length = token_embeddings.shape[1]
+            values, indices = attention_mask.flip(1).max(1)
+            indices = torch.where(values == 0, length - 1, indices)
+            masked = token_embeddings * attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
+            vectors.append(masked[torch.arange(len(indices)), length - indices - 1])
+        else:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {mode!r}")
+    return torch.cat(vectors, dim=-1)
+
+
+@dataclass
+class Dense:
+    """sentence-transformers' Dense module: activation(linear(x)) (+ x, or a projection of x, with a residual)."""
+
+    linear: nn.Linear
+    activation: nn.Module
+    residual: nn.Linear | nn.Identity | None = None
+    name: str = "Dense"
+
+    def __call__(self, vectors: Tensor) -> Tensor:
+        output = self.activation(self.linear(vectors))
+        return output if self.residual is None else output + self.residual(vectors)
+
+    def describe(self) -> str:
+        activation = type(self.activation).__name__
+        return f"Dense({self.linear.in_features}->{self.linear.out_features}, {activation})"
+
+
+@dataclass
+class Pipeline:
+    """What runs after the encoder, and how texts are prepared for it; see the module docstring."""
+
+    pooling: tuple[str, ...] = ("mean",)
+    max_length: int = 512
+    steps: list[Any] = field(default_factory=list)  # Dense modules and the string "Normalize", in order
+    include_prompt: bool = True
+    prompt: str | None = None
+    do_lower_case: bool = False
+    source: str = ""  # where it came from
+    overrides: list[str] = field(default_factory=list)  # what the caller's options changed
+
+    @property
+    def normalize(self) -> bool:
+        return "Normalize" in self.steps
+
+    def describe(self) -> str:
+        length = f"max_seq_length={self.max_length}" + (", do_lower_case" if self.do_lower_case else "")
+        pooling = "+".join(self.pooling) + ("" if self.include_prompt else ", prompt excluded")
+        parts = [f"Transformer({length})", f"Pooling({pooling})"]
+        parts += [step if isinstance(step, str) else step.describe() for step in self.steps]
+        text = f"{self.source}: {' -> '.join(parts)}"
+        if self.prompt:
+            text += f"; prompt {self.prompt!r}"
+        return text + (f" (overridden: {', '.join(self.overrides)})" if self.overrides else "")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} when there is no such file; ValueError naming the file otherwise."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return value
+
+
+def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
+    """(class name, folder) of one modules.json entry; ValueError for anything but a supported module."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        raise ValueError(f"{path}: each entry must be an object with a string 'type', got {entry!r}")
+    module_type = entry["type"]
+    package, _, name = module_type.rpartition(".")
+    if not package.startswith(_MODULE_PACKAGES) or name not in SUPPORTED_MODULES:
+        raise ValueError(
+            f"{path}: module {module_type!r} is not one hfbert embed runs (it runs "
+            f"{', '.join(SUPPORTED_MODULES)}); use sentence-transformers itself for this checkpoint"
+        )
+    folder = entry.get("path", "")
+    if not isinstance(folder, str) or Path(folder).is_absolute() or ".." in Path(folder).parts:
+        raise ValueError(f"{path}: module {module_type!r} has path {folder!r}; expected a folder inside the checkpoint")
+    return name, folder
+
+
+def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...], bool]:
+    config_file = directory / "config.json"
+    config = read_json(config_file)
+    mode = config.get("pooling_mode")
+    if mode is None:  # the legacy booleans; none set means mean, as in sentence-transformers
+        modes = tuple(name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key) is True) or ("mean",)
+    else:
+        modes = (mode,) if isinstance(mode, str) else tuple(mode) if isinstance(mode, list) else ()
+        if not modes or any(m not in POOLINGS for m in modes):
+            raise ValueError(f"{config_file}: pooling_mode {mode!r}; expected one of {', '.join(POOLINGS)} or a list")
+    dimension = config.get("embedding_dimension", config.get("word_embedding_dimension", hidden_size))
+    if dimension != hidden_size:
+        raise ValueError(
+            f"{config_file}: pooling over dimension {dimension}, but the encoder's hidden size is {hidden_size}"
+        )
+    return modes, config.get("include_prompt", True) is not False
+
+
+def _activation(name: Any, config_file: Path) -> nn.Module:
+    """A torch.nn activation module from its dotted class name, as sentence-transformers loads it without
+    trust_remote_code (only torch's own classes)."""
+    if name is None:
+        return nn.Tanh()  # Dense's default
+    module_name, _, class_name = str(name).rpartition(".")
+    if not module_name.startswith("torch."):
+        raise ValueError(f"{config_file}: activation_function {name!r} is not a torch.nn class; hfbert runs only those")
+    try:
+        activation = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        raise ValueError(f"{config_file}: activation_function {name!r} does not exist in this torch") from None
+    if not (isinstance(activation, type) and issubclass(activation, nn.Module)):
+        raise ValueError(f"{config_file}: activation_function {name!r} is not a torch.nn.Module class")
+    return activation()
+
+
+def _dense(directory: Path, in_features: int) -> Dense:
+    config_file = directory / "config.json"
+    config = read_json(config_file)
+    try:
+        inputs, outputs, bias = int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{config_file}: a Dense module needs integer in_features and out_features") from None
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):
+            raise ValueError(f"{config_file}: {key} {config[key]!r}; hfbert embed runs Dense on the sentence embedding")
+    if inputs != in_features:
+        raise ValueError(f"{config_file}: in_features {inputs}, but the embedding before it has {in_features}")
+    tensors = _dense_weights(directory)
+    linear = nn.Linear(inputs, outputs, bias=bias, device="meta")
+    expected = {"linear.weight": (outputs, inputs)} | ({"linear.bias": (outputs,)} if bias else {})
+    residual: nn.Module | None = None
+    if config.get("use_residual", False):
+        if inputs == outputs:
+            residual = nn.Identity()
+        else:
+            residual = nn.Linear(inputs, outputs, bias=False, device="meta")
+            expected["residual.weight"] = (outputs, inputs)
+    for name, shape in expected.items():
+        tensor = tensors.get(name)
+        if tensor is None or tuple(tensor.shape) != shape or not tensor.is_floating_point():
+            found = "missing" if tensor is None else f"{tuple(tensor.shape)} {tensor.dtype}"
+            raise ValueError(
+                f"{directory}: Dense weight {name!r} should be a float tensor of shape {shape}, is {found}"
+            )
+    linear.load_state_dict(
+        {k.removeprefix("linear."): v.float() for k, v in tensors.items() if k.startswith("linear.")}, assign=True
+    )
+    if isinstance(residual, nn.Linear):
+        residual.load_state_dict({"weight": tensors["residual.weight"].float()}, assign=True)
+    return Dense(linear, _activation(config.get("activation_function"), config_file), residual)
+
+
+def _dense_weights(directory: Path) -> dict[str, Tensor]:
+    if (directory / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(directory / "model.safetensors")
+    if (directory / "pytorch_model.bin").is_file():
+        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        if isinstance(state, dict):
+            return state
+    raise ValueError(f"{directory}: a Dense module without weights (model.safetensors or pytorch_model.bin)")
+
+
+def read_pipeline(
+    directory: Path, hidden_size: int, max_position_embeddings: int, tokenizer_max_length: int
+) -> Pipeline:
+    """The sentence-transformers pipeline a checkpoint directory describes (see the module docstring); for a
+    checkpoint without modules.json, the one SentenceTransformer builds for a plain checkpoint."""
+    directory = Path(directory)
+    capped = min(tokenizer_max_length, max_position_embeddings)
+    modules_file = directory / "modules.json"
+    if not modules_file.is_file():
+        return Pipeline(
+            ("mean",),
+            capped,
+            source="no sentence-transformers modules.json (mean pooling, as SentenceTransformer does)",
+        )
+    try:
+        entries = json.loads(modules_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{modules_file}: not valid JSON ({error})") from None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
+    kinds = [_module_kind(entry, modules_file) for entry in entries]
+    if kinds[0][0] != "Transformer" or kinds[0][1] not in ("", "."):
+        raise ValueError(f"{modules_file}: the first module must be the Transformer at the checkpoint's root")
+    transformer = read_json(directory / "sentence_bert_config.json")
+    length = transformer.get("max_seq_length")
+    if length is None:
+        max_length = capped
+    elif isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        max_length = min(length, max_position_embeddings)
+    else:
+        raise ValueError(
+            f"{directory / 'sentence_bert_config.json'}: max_seq_length {length!r}; expected a positive integer"
+        )
+    pipeline = Pipeline(max_length=max_length, do_lower_case=transformer.get("do_lower_case") is True)
+    pipeline.source = "sentence-transformers (modules.json)"
+    dimension, pooled = hidden_size, False
+    for name, folder in kinds[1:]:
+        if name == "Transformer":
+            raise ValueError(f"{modules_file}: a second Transformer module; hfbert embed runs one encoder")
+        if name == "Pooling":
+            if pooled:
+                raise ValueError(f"{modules_file}: a second Pooling module")
+            pipeline.pooling, pipeline.include_prompt = _pooling_config(directory / folder, hidden_size)
+            dimension, pooled = hidden_size * len(pipeline.pooling), True
+        elif not pooled and name != "Dropout":
+            raise ValueError(f"{modules_file}: {name} before Pooling; hfbert embed pools the token embeddings first")
+        elif name == "Dense":
+            dense = _dense(directory / folder, dimension)
+            pipeline.steps.append(dense)
+            dimension = dense.linear.out_features
+        elif name == "Normalize":
+            config = read_json(directory / folder / "config.json")
+            if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+                raise ValueError(
+                    f"{directory / folder / 'config.json'}: hfbert embed normalizes the sentence embedding only"
+                )
+            pipeline.steps.append("Normalize")
+    if not pooled:
+        raise ValueError(f"{modules_file}: no Pooling module; hfbert embed returns one vector per text")
+    prompts = read_json(directory / "config_sentence_transformers.json")
+    default = prompts.get("default_prompt_name")
+    if default is not None:
+        table = prompts.get("prompts") or {}
+        if default not in table:
+            raise ValueError(
+                f"{directory / 'config_sentence_transformers.json'}: default_prompt_name {default!r} is not in prompts"
+            )
+        pipeline.prompt = table[default] or None
+    return pipeline

@@ -1,0 +1,149 @@
+"""A save folder describes one model: `save_pretrained` into a folder that held another model removes that model's
+weights, tokenizer and sentence-transformers files the new save does not write, never a user's other files; a
+backbone's save and `convert` keep the checkpoint's sentence-transformers pipeline (pooling, Normalize), so
+`SentenceTransformer(folder)` encodes as the original does.
+
+Judged against transformers' `AutoTokenizer` and sentence-transformers' `encode`, on the real all-MiniLM-L6-v2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hfbert
+from hfbert.modeling.tokenizer import BertTokenizer
+from hfbert.tools.convert import convert
+
+from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transformers_checkpoint
+
+# Another model: its own 14-token vocabulary, so "hello world" is [CLS] hello world [SEP] = [2, 12, 13, 3] (MiniLM's
+# tokenizer gives [101, 7592, 2088, 102]).
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefg", "hello", "world"]
+TEXT = "hello world"
+
+
+def files_under(directory: Path) -> list[str]:
+    return sorted(path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
+
+
+@pytest.fixture
+def other_model(tmp_path) -> Path:
+    """A checkpoint with a vocab.txt-only tokenizer (no tokenizer.json, no special_tokens_map.json) and no
+    sentence-transformers files."""
+    directory = write_random_transformers_checkpoint(tmp_path / "other", **dict(SMALL_CONFIG, vocab_size=14))
+    (directory / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 64}))
+    return directory
+
+
+def test_a_save_over_another_model_tokenises_as_the_new_model(tmp_path, other_model):
+    import transformers
+
+    folder = tmp_path / "d"
+    hfbert.BertModel.from_pretrained(minilm_directory()).save_pretrained(folder)
+    assert {"tokenizer.json", "special_tokens_map.json"} <= set(files_under(folder))
+    # The user's own files, beside and below: a save never touches them.
+    (folder / "notes.txt").write_text("mine")
+    (folder / "README.md").write_text("my model card")
+    (folder / "checkpoint-500").mkdir()
+    (folder / "checkpoint-500" / "tokenizer.json").write_text("{}")
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "mine.txt").write_text("mine too")
+
+    hfbert.BertModel.from_pretrained(other_model).save_pretrained(folder)
+    expected = transformers.AutoTokenizer.from_pretrained(other_model)(TEXT)["input_ids"]
+    assert expected == [2, 12, 13, 3]
+    # MiniLM's tokenizer.json, left behind, won over the new vocab.txt: [101, 7592, 2088, 102]
+    assert transformers.AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"] == expected
+    assert BertTokenizer.from_pretrained(folder)(TEXT)["input_ids"] == expected
+    assert files_under(folder) == [
+        "1_Pooling/mine.txt",
+        "README.md",
+        "checkpoint-500/tokenizer.json",
+        "config.json",
+        "model.safetensors",
+        "notes.txt",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
+    assert (folder / "notes.txt").read_text() == "mine" and (folder / "README.md").read_text() == "my model card"
+
+
+def test_stale_files_of_every_kind_go_and_emptied_module_folders_with_them(tmp_path, other_model):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    stale = [
+        "pytorch_model.bin",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model.bin.index.json",
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "added_tokens.json",
+        "tokenizer.json",
+        "special_tokens_map.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "2_Dense/config.json",
+        "2_Dense/model.safetensors",
+        "3_Normalize/config.json",
+    ]
+    kept = ["2_Dense/notes.txt", "model.safetensors.backup", "my_vocab.txt", "README.md"]
+    for relative in stale + kept:
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text("old")
+    hfbert.BertModel.from_pretrained(other_model).save_pretrained(folder)
+    written = ["config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+    assert files_under(folder) == sorted(written + kept)
+    assert not (folder / "3_Normalize").exists()
+
+
+def test_a_task_model_saved_from_a_sentence_transformers_checkpoint_does_not_claim_its_pipeline(tmp_path):
+    """Pooling and Normalize describe the backbone's embeddings; a classifier fine-tuned from it is another model."""
+    folder = tmp_path / "classifier"
+    hfbert.BertForSequenceClassification.from_pretrained(minilm_directory(), num_labels=2).save_pretrained(folder)
+    assert not (folder / "modules.json").exists() and not (folder / "1_Pooling").exists()
+    assert (folder / "tokenizer.json").is_file()
+
+
+def sentence_transformer_embeddings(directory: Path) -> tuple[list[str], np.ndarray]:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(directory), device="cpu")
+    texts = ["A first sentence.", "Another, longer sentence about something else entirely.", "x"]
+    return [type(module).__name__ for module in model], model.encode(texts, convert_to_numpy=True)
+
+
+@pytest.mark.parametrize("how", ["convert", "save_pretrained"])
+def test_a_backbone_keeps_its_sentence_transformers_pipeline(tmp_path, how):
+    pytest.importorskip("sentence_transformers")
+    destination = tmp_path / "out"
+    if how == "convert":
+        convert(minilm_directory(), destination)
+    else:
+        hfbert.BertModel.from_pretrained(minilm_directory()).save_pretrained(destination)
+    assert (destination / "modules.json").read_bytes() == (minilm_directory() / "modules.json").read_bytes()
+    assert not (destination / "README.md").exists()  # the model card is not copied
+    modules, embeddings = sentence_transformer_embeddings(destination)
+    expected_modules, expected = sentence_transformer_embeddings(minilm_directory())
+    assert modules == expected_modules == ["Transformer", "Pooling", "Normalize"]
+    assert np.abs(embeddings - expected).max() <= 1e-6
+    assert np.allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-6)
+
+
+def test_convert_into_an_existing_folder_is_refused_and_it_is_left_as_it_was(tmp_path, other_model):
+    folder = tmp_path / "d"
+    hfbert.BertModel.from_pretrained(minilm_directory()).save_pretrained(folder)
+    before = {relative: (folder / relative).read_bytes() for relative in files_under(folder)}
+    with pytest.raises(hfbert.CheckpointError, match="already exists"):
+        convert(other_model, folder)
+    assert {relative: (folder / relative).read_bytes() for relative in files_under(folder)} == before
+    assert torch.equal(
+        hfbert.BertModel.from_pretrained(folder).embeddings.word_embeddings.weight,
+        hfbert.BertModel.from_pretrained(minilm_directory()).embeddings.word_embeddings.weight,
+    )
