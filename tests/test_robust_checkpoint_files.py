@@ -194,11 +194,14 @@ def test_fill_mask_on_a_huge_config_is_one_line(tiny_mlm, tmp_path, capsys, no_i
         ("tokenizer.json", "{ not json", "tokenizer.json: not a valid tokenizer file"),
         ("tokenizer_config.json", "{ not json", "tokenizer_config.json: not valid JSON"),
         ("tokenizer_config.json", "[1]", "tokenizer_config.json: expected a JSON object, got list"),
-        ("sentence_bert_config.json", "[1]", "sentence_bert_config.json: expected a JSON object, got list"),
+        ("sentence_bert_config.json", "[1]", "sentence_bert_config.json: expected a JSON object"),
     ],
 )
 def test_malformed_side_files_are_named(tiny_mlm, tmp_path, capsys, file, content, expected):
     directory = copy_of(tiny_mlm, tmp_path / "model")
+    if file == "sentence_bert_config.json":  # read, as sentence-transformers reads it, through modules.json
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+        (directory / "modules.json").write_text(json.dumps(modules))
     (directory / file).write_text(content)
     assert_one_line(*run(capsys, "embed", directory, "some text"), "hfbert embed:", expected)
 
@@ -282,6 +285,21 @@ def test_a_cast_of_a_task_model_names_the_tensor_as_the_checkpoint_stores_it(tin
     directory = copy_checkpoint(tiny_mlm, tmp_path / "head", tensors)
     with pytest.raises(CheckpointError, match=r"4 values of tensor 'cls\.predictions\.transform\.dense\.weight'"):
         hfbert.BertForMaskedLM.from_pretrained(directory, dtype=torch.float16)
+
+
+def test_stored_non_finite_values_are_not_counted_as_overflow(tmp_path):
+    """With strict=False a stored Inf loads (and is reported); a cast blames only the values it turned into Inf."""
+    tensors = load_file(minilm_directory() / "model.safetensors")
+    tensors["embeddings.word_embeddings.weight"][0, 0] = float("inf")
+    directory = copy_checkpoint(minilm_directory(), tmp_path / "stored-inf", tensors)
+    model, info = hfbert.BertModel.from_pretrained(
+        directory, dtype=torch.float16, strict=False, output_loading_info=True
+    )
+    assert [name for name, _ in info["report"].non_finite] == ["embeddings.word_embeddings.weight"]
+    tensors["embeddings.word_embeddings.weight"][1, :7] = -1e5
+    copy_checkpoint(minilm_directory(), directory, tensors)
+    with pytest.raises(CheckpointError, match=r": 7 values of tensor 'embeddings\.word_embeddings\.weight' overflow"):
+        hfbert.BertModel.from_pretrained(directory, dtype=torch.float16, strict=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, "float8_e5m2", torch.float8_e5m2])
