@@ -396,7 +396,9 @@ def peers_figure(result: dict, path: Path) -> None:
     axes.set_xscale("log")
     low, high = min(values + [1.0]) / 1.5, max(values + [1.0]) * 1.5
     axes.set_xlim(low, high)
-    ticks = [tick for tick in (0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0) if low <= tick <= high]
+    ticks = [
+        tick for tick in (0.05, 0.1, 0.2, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0) if low <= tick <= high
+    ]
     axes.set_xticks(ticks, [f"{tick:g}x" for tick in ticks])
     axes.minorticks_off()
     one = math.log(1 / low) / math.log(high / low)  # where the 1x line is, as a fraction of the axis
@@ -409,9 +411,10 @@ def peers_figure(result: dict, path: Path) -> None:
     axes.set_xlabel("engine time / hfbert time (right of the 1x line: hfbert is faster; dotted: the 1.1x goal)")
     machine = result["machine"]
     isa = machine["cap"] or machine["instruction_set"]
-    axes.set_title(
-        f"hfbert against the engines, bert-base ({machine['cpu']}, {isa}, {machine['threads']} threads)", pad=18
-    )
+    title = f"hfbert against the engines, bert-base ({machine['cpu']}, {isa}, {machine['threads']} threads)"
+    if machine.get("others_cores") is not None:
+        title += f"\nother processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy during the run"
+    axes.set_title(title, pad=18)
     figure.legend([unique[name] for name in engines], engines, loc="outside lower center", ncol=len(engines))
     save(figure, path)
 
