@@ -294,20 +294,31 @@ class NpyWriter:
     def close(self, complete: bool = True) -> None:
         if self.handle.closed:
             return
-        try:
-            if complete:
+        if complete:
+            try:
                 self.handle.flush()
                 self.handle.seek(0)
                 self.handle.write(npy_header(self.row, self.dimension))
                 self.handle.truncate(NPY_HEADER_BYTES + 4 * self.dimension * self.row)  # space reserved beyond
-                self.handle.flush()
-                os.fsync(self.handle.fileno())  # a full disk shows here at the latest, not after the rename
-        finally:
-            try:
-                self.handle.close()
-            except OSError:
-                if complete:
-                    raise
+            except BaseException:
+                _finish(self.handle, complete=False)
+                raise
+        _finish(self.handle, complete)
+
+
+def _finish(handle: Any, complete: bool) -> None:
+    """Flush and fsync a complete output (a full disk shows here at the latest, not after the rename), then close;
+    an incomplete one is only closed, its own error never hiding the one that stopped the run."""
+    try:
+        if complete:
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        try:
+            handle.close()
+        except OSError:
+            if complete:
+                raise
 
 
 def _reserve(handle, size: int) -> None:
@@ -343,16 +354,7 @@ class JsonlWriter:
             return
         if self.handle.closed:
             return
-        try:
-            if complete:
-                self.handle.flush()
-                os.fsync(self.handle.fileno())
-        finally:
-            try:
-                self.handle.close()
-            except OSError:
-                if complete:
-                    raise
+        _finish(self.handle, complete)
 
 
 def open_writer(
