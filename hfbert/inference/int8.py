@@ -237,18 +237,20 @@ def int8_linear(input: Tensor, weight: Int8Weight) -> Tensor:
 class SharedQuantization:
     """The last input some layers quantized, for the next of them that reads the same tensor: attention's query, key
     and value projections each get the same hidden states. Held by a weak reference and checked by its in-place
-    version, so a different or changed input is quantized anew."""
+    version, so a different or changed input is quantized anew. A tensor made under `torch.inference_mode()` has
+    no version counter: there the input's identity decides (the three projections read it one after the other)."""
 
     def __init__(self) -> None:
         self._source: weakref.ref | None = None
-        self._version = -1
+        self._version: int | None = -1
         self._rows: QuantizedRows | None = None
 
     def __call__(self, input: Tensor, in_features: int) -> QuantizedRows:
-        if self._source is not None and self._source() is input and input._version == self._version:
+        version = None if input.is_inference() else input._version
+        if self._source is not None and self._source() is input and version == self._version:
             return self._rows
         self._rows = quantize_rows(input, in_features)
-        self._source, self._version = weakref.ref(input), input._version
+        self._source, self._version = weakref.ref(input), version
         return self._rows
 
     def __getstate__(self) -> dict:

@@ -8,7 +8,9 @@ zero and the partial products are added in order (oneDNN's fused "add" post-op):
 transformers' own (docs/numerical-contract.md measures it on every instruction set).
 
 The packed blocks are a cache of the layer's `weight` parameter, which stays what it was (`swapped.py`): a changed
-weight is packed again before it runs, and every call that is not plain CPU inference runs `F.linear`.
+weight is packed again before it runs, and every call that is not plain CPU inference runs `F.linear`. Whether the
+blocks beat MKL's sgemm depends on the CPU and the row count (on Zen 3's AVX2 they mostly lose): `optimize.py` swaps
+a layer in only where `measured.py` found it faster, and only for those row counts.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import functools
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hfbert.inference.measured import Candidate, bucket
 from hfbert.inference.swapped import InferenceLinear
 from hfbert.modeling.cpu import X86, bfloat16_native
 
@@ -98,6 +102,29 @@ def _column_blocks(rows: Tensor, blocks: tuple[Tensor, ...]) -> list[Tensor]:
     return pieces if full == rows.shape[1] else [*pieces, rows[:, full:].contiguous()]
 
 
+def linear_candidates(out_features: int, in_features: int, dtype: torch.dtype) -> list[Candidate]:
+    """The two ways to compute a linear layer of this shape, for `measured.measured_choice`: `F.linear` (MKL's
+    sgemm on x86) and `packed_linear`."""
+
+    def inputs(rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        return (
+            torch.randn(rows, in_features).to(dtype),
+            torch.randn(out_features, in_features).to(dtype),
+            torch.zeros(out_features, dtype=dtype),
+        )
+
+    def plain(rows: int):
+        input, weight, bias = inputs(rows)
+        return lambda: F.linear(input, weight, bias)
+
+    def packed(rows: int):
+        input, weight, bias = inputs(rows)
+        blocks = pack_weight(weight)
+        return lambda: packed_linear(input, blocks, bias)
+
+    return [plain, packed]
+
+
 class PackedLinear(InferenceLinear):
     """`nn.Linear` whose CPU inference runs on its weight packed once (see the module docstring).
 
@@ -105,7 +132,11 @@ class PackedLinear(InferenceLinear):
 
     `hfbert.optimize_for_inference` swaps a model's large `nn.Linear` layers for these; `from_linear` keeps the
     layer's parameters and hooks, so the model's parameters, state dict and optimizers see no difference.
+    `_choice` says, for each row count of `measured.ROW_BUCKETS`, whether the packed product (1) or `F.linear` (0)
+    runs: whichever was measured faster here.
     """
+
+    _choice: tuple[int, ...] = (1, 1, 1)
 
     @staticmethod
     def supports(weight: Tensor) -> bool:
@@ -118,6 +149,8 @@ class PackedLinear(InferenceLinear):
         return pack_weight(self.weight)
 
     def run(self, input: Tensor) -> Tensor:
+        if self._choice[bucket(input.numel() // self.in_features)] == 0:
+            return F.linear(input, self.weight, self.bias)
         return packed_linear(input, self._form, self.bias)
 
     def extra_repr(self) -> str:

@@ -1,11 +1,13 @@
-"""`InferenceLinear`: an `nn.Linear` whose plain CPU inference calls run a faster form of its weight.
+"""Swapped modules whose plain CPU inference calls run a faster form of their parameters: `CachedForm`, the cache
+they share, and `InferenceLinear`, the `nn.Linear` built on it (`packed.PackedLinear`, `int8.Int8Linear`; the fused
+blocks of `fused.py` build on `CachedForm` too).
 
-The form (packed blocks, int8 values) is a cache of the layer's `weight` parameter, which stays what it was: the same
-Parameter object, its `requires_grad`, its values, its place in `parameters()` and `state_dict()`. A weight changed
-since the form was built (an optimizer step, `load_state_dict`, `.to()`) gets a new form at the next inference call,
-and every call that is not plain CPU inference (gradients asked for, torch.compile, tracing, autocast, a dtype or
-device the form does not run) takes `F.linear` on the parameter, as `nn.Linear` does. The subclasses
-(`packed.PackedLinear`, `int8.Int8Linear`) say which weights they support, how they build the form and run it.
+The form (packed blocks, int8 values, a fused weight) is a cache of the module's parameters, which stay what they
+were: the same Parameter objects, their `requires_grad`, their values, their place in `parameters()` and
+`state_dict()`. Parameters changed since the form was built (an optimizer step, `load_state_dict`, `.to()`) get a new
+form at the next inference call, and every call that is not plain CPU inference (gradients asked for, torch.compile,
+tracing, autocast, a dtype or device the form does not run) takes the plain computation on the parameters, as the
+model's own module does. The subclasses say which parameters they support, how they build the form and run it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,62 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class InferenceLinear(nn.Linear):
-    _form: Any = None  # the weight in the kernel's form, or None
-    _form_from: tuple | None = None  # `weight_key` of the parameters the form was built from
+class CachedForm:
+    """The cache behind every swapped module: a form of some of its parameters (`form_parameters()`), built by
+    `build_form()`, used while those parameters keep the storage and in-place version it was built from, built
+    again at the next inference call after they change, dropped by `train()`."""
 
+    _form: Any = None  # the parameters in the kernel's form, or None
+    _form_from: tuple | None = None  # `weight_key`s of the parameters the form was built from
+    _keep_pages: bool = False  # the plain parameters are read again (some calls run F.linear): keep them in RAM
+
+    def form_parameters(self) -> tuple[Tensor | None, ...]:
+        raise NotImplementedError
+
+    def can_build(self) -> bool:
+        """Whether the kernel can run the current parameters here."""
+        raise NotImplementedError
+
+    def build_form(self) -> Any:
+        raise NotImplementedError
+
+    def rebuild(self) -> bool:
+        """Build the form of the current parameters (and let their file-backed pages go, see
+        `release_resident_pages`); False where the kernel cannot run them here (then the plain computation runs)."""
+        self._form, self._form_from = None, None
+        if not self.can_build():
+            return False
+        self._form = self.build_form()
+        self._form_from = self._key()
+        if not self._keep_pages:
+            for parameter in self.form_parameters():
+                if parameter is not None:
+                    release_resident_pages(parameter)
+        return True
+
+    @property
+    def is_current(self) -> bool:
+        """Whether the next inference call runs the kernel on a form of the current parameters."""
+        return self._form is not None and self._form_from == self._key()
+
+    def _key(self) -> tuple:
+        return tuple(() if tensor is None else weight_key(tensor) for tensor in self.form_parameters())
+
+    def _ready(self) -> bool:
+        """The form of the current parameters is there, built again now if they changed since."""
+        return self.is_current or (self._form_from != self._key() and self.rebuild())
+
+    def train(self, mode: bool = True):
+        if mode:  # training runs the plain computation and changes the weights: the form would only hold memory
+            self._form, self._form_from = None, None
+        return super().train(mode)
+
+    def __getstate__(self) -> dict:
+        # oneDNN's packed tensors cannot be pickled or deep-copied: a copy builds its own form at its first call.
+        return {**self.__dict__, "_form": None, "_form_from": None}
+
+
+class InferenceLinear(CachedForm, nn.Linear):
     # -- what a subclass defines ------------------------------------------------------------------------------
     @staticmethod
     def supports(weight: Tensor) -> bool:
@@ -31,9 +85,6 @@ class InferenceLinear(nn.Linear):
 
     def accepts(self, input: Tensor) -> bool:
         """Whether the kernel runs `input` (its dtype)."""
-        raise NotImplementedError
-
-    def build_form(self) -> Any:
         raise NotImplementedError
 
     def run(self, input: Tensor) -> Tensor:
@@ -58,42 +109,16 @@ class InferenceLinear(nn.Linear):
         return linear
 
     # -- the cache ------------------------------------------------------------------------------------------
-    def rebuild(self) -> bool:
-        """Build the form of the current weight (and let its file-backed pages go, see `release_resident_pages`);
-        False where the kernel cannot run it here (then the layer runs `F.linear`)."""
-        self._form, self._form_from = None, None
-        if not self.supports(self.weight):
-            return False
-        self._form = self.build_form()
-        self._form_from = self._key()
-        release_resident_pages(self.weight)
-        return True
+    def form_parameters(self) -> tuple[Tensor | None, ...]:
+        return (self.weight, self.bias)
 
-    @property
-    def is_current(self) -> bool:
-        """Whether the next inference call runs the kernel on a form of the current parameters."""
-        return self._form is not None and self._form_from == self._key()
-
-    def _key(self) -> tuple:
-        return weight_key(self.weight) + (() if self.bias is None else weight_key(self.bias))
-
-    def _ready(self) -> bool:
-        """The form of the current parameters is there, built again now if they changed since."""
-        return self.is_current or (self._form_from != self._key() and self.rebuild())
+    def can_build(self) -> bool:
+        return self.supports(self.weight)
 
     def forward(self, input: Tensor) -> Tensor:
         if self.accepts(input) and plain_inference_call(input, (self.weight, self.bias)) and self._ready():
             return self.run(input)
         return F.linear(input, self.weight, self.bias)
-
-    def train(self, mode: bool = True) -> InferenceLinear:
-        if mode:  # training runs F.linear and changes the weight: the form would only hold memory
-            self._form, self._form_from = None, None
-        return super().train(mode)
-
-    def __getstate__(self) -> dict:
-        # oneDNN's packed tensors cannot be pickled or deep-copied: a copy builds its own form at its first call.
-        return {**self.__dict__, "_form": None, "_form_from": None}
 
 
 def module_state(module: nn.Module) -> dict[str, Any]:
@@ -102,7 +127,7 @@ def module_state(module: nn.Module) -> dict[str, Any]:
     return {
         key: value.copy() if isinstance(value, dict) else value
         for key, value in module.__dict__.items()
-        if key not in ("_form", "_form_from", "_shared")
+        if key not in ("_form", "_form_from", "_shared", "_choice", "_keep_pages")
     }
 
 
