@@ -195,6 +195,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(case, tmp_path):
     assert result.stdout == ""  # `ls -A` of the full disk: no partial file, no temporary
 
 
+@pytest.mark.slow  # two torchrun workers, each loading torch and the model
 @pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
 def test_torchrun_two_processes_write_the_single_process_file(suffix, texts, tmp_path):
     # 61 texts: the two processes get unequal shares (31 and 30). Batch size 1: no padding, so each text is computed

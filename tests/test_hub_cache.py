@@ -73,6 +73,7 @@ def run(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedPro
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=full_env)
 
 
+@pytest.mark.slow  # a CLI subprocess per revision and cache variable
 @pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HF_HOME"])
 def test_offline_cache_and_revisions(variable, hub_cache):
     env = {"HF_HUB_OFFLINE": "1", variable: str(hub_cache if variable == "HF_HUB_CACHE" else hub_cache.parent)}

@@ -252,6 +252,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+@pytest.mark.slow  # two bert-base processes, transformers and hfbert
 @packs
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS as Linux reports it (ru_maxrss in KiB)")
 def test_packed_bert_base_peaks_below_transformers_memory(bert_base_safetensors_dir):

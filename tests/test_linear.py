@@ -212,6 +212,7 @@ def test_default_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safe
     assert record.theirs > 0 and record.passed(), record
 
 
+@pytest.mark.slow  # the numerical-contract benchmark in a capped subprocess: three checkpoints, three kernels
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap to AVX2")
 def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     """The same bar, default and packed, on the kernels an AVX2-only CPU runs: oneDNN, MKL and ATen capped in a

@@ -160,6 +160,7 @@ def test_an_int8_weight_survives_pickle_and_deepcopy():
         assert torch.equal(int8_linear(inputs, copied), int8_linear(inputs, quantized))
 
 
+@pytest.mark.slow  # exports and quantizes MiniLM for ONNX Runtime and CTranslate2
 @int8
 def test_int8_minilm_embeddings_are_closer_than_onnx_runtime_and_ctranslate2_int8():
     """Mean-pooled sentence embeddings on the parity sentences against transformers fp32. Measured on 50 sentences
