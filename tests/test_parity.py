@@ -206,3 +206,100 @@ def test_cuda_parity(ours, reference, dtype, small_checkpoints, bert_base_safete
     torch.backends.cudnn.allow_tf32 = False
     for directory in (minilm_directory(), bert_base_safetensors_dir, small_checkpoints["gelu_new"]):
         compare(*load_pair(directory, ours, reference, device="cuda", dtype=dtype), directory, device="cuda")
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny masked LM with pooler", "MiniLM"])
+def test_float64_twin_computes_what_transformers_float64_computes(checkpoint, tiny_mlm):
+    """`hfbert parity`'s exact reference shares transformers' float32 weights and casts each as it is read: every
+    output (hidden states, attention probabilities, pooler, MLM logits) equals, bit for bit, that of transformers'
+    own model loaded and cast to float64, and the float32 model it shares its weights with is left as it was."""
+    import transformers
+
+    from hfbert.tools.parity import float64_twin, load_reference, with_pooler
+
+    if checkpoint == "MiniLM":
+        directory, model_class = minilm_directory(), transformers.BertModel
+    else:
+        directory = tiny_mlm
+        model_class = with_pooler(transformers.BertForMaskedLM, transformers.models.bert.modeling_bert.BertPooler)
+    theirs = load_reference(transformers, model_class, directory, "sdpa", "cpu", torch.float32)
+    exact = float64_twin(theirs)
+    exact.set_attn_implementation("eager")
+    assert theirs.config._attn_implementation == "sdpa"
+    backbone = load_reference(transformers, "BertModel", directory, "eager", "cpu", torch.float64)
+    ids = torch.tensor([[101, 7592, 2088, 2003, 1037, 3231, 102], [101, 2023, 2003, 102, 0, 0, 0]])
+    batch = dict(input_ids=ids, attention_mask=(ids != 0).long())
+    options = dict(output_hidden_states=True, output_attentions=True)
+    with torch.no_grad():
+        twin_backbone = exact.bert if hasattr(exact, "bert") else exact
+        ours, reference = twin_backbone(**batch, **options), backbone(**batch, **options)
+        assert ours.last_hidden_state.dtype == torch.float64
+        for name in ("hidden_states", "attentions"):
+            assert len(ours[name]) == len(reference[name]) == backbone.config.num_hidden_layers + (name != "attentions")
+            assert all(torch.equal(a, b) for a, b in zip(ours[name], reference[name], strict=True)), name
+        assert torch.equal(ours.pooler_output, reference.pooler_output)
+        if hasattr(exact, "cls"):
+            masked_lm = load_reference(transformers, "BertForMaskedLM", directory, "eager", "cpu", torch.float64)
+            assert torch.equal(exact.cls(ours.last_hidden_state), masked_lm(**batch).logits)
+        plain = load_reference(transformers, model_class, directory, "sdpa", "cpu", torch.float32)
+        for parameter in theirs.parameters():
+            assert parameter.dtype == torch.float32
+        assert torch.equal(theirs(**batch)[0], plain(**batch)[0])
+
+
+def test_fast_mode_is_judged_by_its_own_bound(tiny_mlm, monkeypatch):
+    """`--linear fast` runs hfbert through optimize_for_inference(precision="high") and judges every output by that
+    mode's contract (ACCURACY_BOUNDS["high"], 3x) instead of 1.5x; the text, the JSON and the plot say so."""
+    import hfbert.inference
+    from hfbert.cli import build_parser
+    from hfbert.tools.parity import ACCURACY_RATIO, Accuracy, TopKStats, run_parity
+
+    bound = hfbert.inference.ACCURACY_BOUNDS["high"]
+    assert bound != ACCURACY_RATIO
+    assert build_parser().parse_args(["parity", "MODEL", "--linear", "fast"]).linear == "fast"
+
+    # The bound decides: an output twice as far from float64 as transformers' passes 3x and fails 1.5x.
+    exact = torch.randn(64, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    noise = torch.randn(2, 64, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    theirs, ours = exact + 1e-3 * noise[0], exact + 2e-3 * noise[1]
+    verdicts = []
+    for row_bound in (ACCURACY_RATIO, bound):
+        record = Accuracy(torch.float32, bound=row_bound)
+        record.update(ours, theirs, exact)
+        verdicts.append(record.passed)
+    assert 1.5 < record.ratio < 3 and verdicts == [False, True]
+
+    calls = []
+    original = hfbert.inference.optimize_for_inference
+
+    def recording(model, *args, **kwargs):
+        calls.append(kwargs)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(hfbert.inference, "optimize_for_inference", recording)
+    texts = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.", "Yes."]
+    report = run_parity(tiny_mlm, texts=texts, batch_size=2, linear_kernel="fast", progress=False)
+    assert calls == [{"kernels": "always", "precision": "high"}]
+    assert report.passed and (report.accuracy_bound, report.precision) == (bound, "high")
+    for row in report.rows:
+        if isinstance(row.total, TopKStats):
+            continue
+        errors = row.total.reference_error
+        assert row.total.bound == bound and all(record.bound == bound for record in row.by_case.values())
+        assert row.total.allowed_error == bound * max(errors.rms, torch.finfo(torch.float32).eps * errors.reference_rms)
+    rule = f"hfbert's RMS error vs float64 <= {bound:g}x transformers' own (float32), the bound of "
+    assert f"verdict    {rule}optimize_for_inference(precision='high')" in report.table()
+    assert f"within {bound:g}x the error of transformers' own float32" in report.table()
+    data = report.to_dict()
+    assert (data["accuracy_ratio_bound"], data["precision"]) == (bound, "high") and data["rule"].startswith(rule)
+    assert data["definitions"]["allowed_error"].startswith(f"{bound:g} x ")
+    try:
+        import matplotlib.pyplot
+    except ImportError:
+        return
+    figure = report.figure()
+    assert figure._suptitle.get_text().startswith(f"PASS: all {len(report.rows)} outputs within {bound:g}x ")
+    assert "precision 'high'" in figure._suptitle.get_text()
+    lines = figure.axes[1].get_lines()
+    assert [list(line.get_ydata()) for line in lines if line.get_label().startswith("bound")] == [[bound, bound]]
+    matplotlib.pyplot.close(figure)
