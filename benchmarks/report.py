@@ -73,6 +73,15 @@ def verdict(passed: bool) -> str:
     return "pass" if passed else "FAIL"
 
 
+def run_line(run_time: str, machine: dict) -> str:
+    """A benchmark's run time, how busy other processes kept the cores meanwhile, and the date it was measured."""
+    if machine.get("others_cores") is not None:
+        run_time += f"; other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
+    if machine.get("measured"):
+        run_time += f"; measured {machine['measured']}"
+    return run_time + "."
+
+
 # -- the numerical contract ------------------------------------------------------------------------------------------
 KERNEL_NAMES = {
     "standard": "F.linear (default)",
@@ -265,12 +274,7 @@ def peers_machine(result: dict) -> list[str]:
     if machine.get("cap"):
         variables = " ".join(f"{name}={value}" for name, value in machine["cap_variables"].items())
         lines.append(f"Cap {variables}: {machine.get('cap_reach', '')}.")
-    busy = f"Run time {result['seconds'] / 60:.0f} min"
-    if machine.get("others_cores") is not None:
-        busy += f"; other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
-    if machine.get("measured"):
-        busy += f"; measured {machine['measured']}"
-    lines.append(busy + ".")
+    lines.append(run_line(f"Run time {result['seconds'] / 60:.0f} min", machine))
     if result.get("args", {}).get("quick") == "True":
         lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, fewer timed rounds.")
     if result.get("partial"):
@@ -501,12 +505,7 @@ def benchmark_markdown(report: dict) -> str:
         f"({machine['threads']} threads), transformers {machine['transformers']}, Python {machine['python']}; "
         f"hfbert's linear layers: {machine['hfbert_linear']}.",
     ]
-    busy = f"Run time {report['seconds']:.0f} s"
-    if machine.get("others_cores") is not None:
-        busy += f"; other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
-    if machine.get("measured"):
-        busy += f"; measured {machine['measured']}"
-    lines.append(busy + ".")
+    lines.append(run_line(f"Run time {report['seconds']:.0f} s", machine))
     if report.get("args", {}).get("quick") in (True, "True"):
         lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, 3 timed passes instead of 10.")
     if machine.get("skipped"):
