@@ -100,6 +100,7 @@ def test_training_gradients_and_a_changed_weight_run_the_plain_computation(bert_
     assert 0 < error <= 1e-3
 
 
+@pytest.mark.slow  # torch.compile of a bert-base-sized model
 @packs
 def test_copies_pickles_and_compile_run(bert_base_safetensors_dir):
     model = fast(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))

@@ -168,6 +168,7 @@ def test_hub_errors_are_clear(case, message, hub, tmp_path):
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # CLI subprocesses against the fake Hub, twice
 def test_interrupted_download_completes_on_retry(hub, weights, tmp_path):
     # huggingface_hub retries a broken transfer 5 times within one call: break every attempt of the first call.
     hub.cut_off_next_download(REPO, "model.safetensors", after_bytes=len(weights["main"]) // 3, times=6)

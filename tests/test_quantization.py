@@ -23,7 +23,7 @@ import hfbert
 import hfbert.inference.int8
 from hfbert.inference import packed_layers
 from hfbert.inference.int8 import (
-    Int8Linear,
+    Int8SelfAttention,
     dequantize_weight,
     int8_available,
     int8_linear,
@@ -160,12 +160,14 @@ def test_an_int8_weight_survives_pickle_and_deepcopy():
         assert torch.equal(int8_linear(inputs, copied), int8_linear(inputs, quantized))
 
 
-@pytest.mark.slow  # exports and quantizes MiniLM for ONNX Runtime and CTranslate2
+@pytest.mark.slow  # real MiniLM, two libraries
 @int8
 def test_int8_minilm_embeddings_are_closer_than_onnx_runtime_and_ctranslate2_int8():
-    """Mean-pooled sentence embeddings on the parity sentences against transformers fp32. Measured on 50 sentences
-    (these and 8 more), min / mean cosine: hfbert int8 0.9932 / 0.9987 (AVX2, 63 levels: 0.9887 / 0.9972); ONNX
-    Runtime quantize_dynamic with per-channel weights 0.9679 / 0.9919; CTranslate2 int8 0.9788 / 0.9965."""
+    """Mean-pooled sentence embeddings on the parity sentences against transformers fp32, at least as close as the
+    better of ONNX Runtime's and CTranslate2's int8 on this and 32 longer texts (`python -m benchmarks.int8_accuracy`,
+    AVX2, no VNNI: min / mean cosine hfbert 0.9890 / 0.9974, CTranslate2 0.9745 / 0.9957, ONNX Runtime 0.9596 /
+    0.9914; hfbert's own product with one activation scale per tensor 0.9744 / 0.9922, which is why it runs per
+    token). Here, on the parity sentences alone: hfbert 0.9890 / 0.9974."""
     import transformers
 
     from hfbert.tools.parity import default_texts
@@ -174,7 +176,8 @@ def test_int8_minilm_embeddings_are_closer_than_onnx_runtime_and_ctranslate2_int
     tokenizer = hfbert.BertTokenizer.from_pretrained(directory)
     reference = transformers.BertModel.from_pretrained(directory).eval()
     model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory), quantize="int8")
-    assert set(packed_layers(model).values()) == {"int8"} and len(packed_layers(model)) == 6 * 6 + 1  # and the pooler
+    # Per layer: query, key and value as one product, the attention output, the feed-forward pair; and the pooler.
+    assert set(packed_layers(model).values()) == {"int8"} and len(packed_layers(model)) == 6 * 4 + 1
     texts = default_texts()
     cosines = []
     with torch.no_grad():
@@ -184,7 +187,7 @@ def test_int8_minilm_embeddings_are_closer_than_onnx_runtime_and_ctranslate2_int
             pooled = [(m(**batch).last_hidden_state * mask).sum(1) / mask.sum(1) for m in (model, reference)]
             cosines.append(F.cosine_similarity(*pooled, dim=-1))
     cosines = torch.cat(cosines)
-    assert cosines.min() >= 0.98 and cosines.mean() >= 0.995, (cosines.min(), cosines.mean())
+    assert cosines.min() >= 0.9745 and cosines.mean() >= 0.9957, (cosines.min(), cosines.mean())  # CTranslate2's
 
 
 @int8
@@ -196,7 +199,7 @@ def test_an_int8_model_keeps_its_fp32_parameters_and_saves_them_bit_for_bit(tmp_
     state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     parameters = list(model.parameters())
     hfbert.optimize_for_inference(model, quantize="int8")
-    assert len(packed_layers(model)) == 6 + 1  # and the pooler
+    assert len(packed_layers(model)) == 4 + 1  # query, key and value as one product; and the pooler
     assert all(a is b for a, b in zip(model.parameters(), parameters, strict=True))
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
     model.save_pretrained(tmp_path)
@@ -218,38 +221,42 @@ def test_an_int8_model_keeps_its_fp32_parameters_and_saves_them_bit_for_bit(tmp_
 
 
 @int8
-def test_query_key_and_value_share_one_quantization_and_stay_exact():
-    """int8 attention quantizes its hidden states once for the three projections: each is still the exact product of
-    the quantized values, and a layer on its own (quantizing its input itself) gives the same numbers."""
+def test_query_key_and_value_are_one_int8_product_of_their_own_weights():
+    """int8 attention computes the three projections as one product: each third is the exact product of the
+    quantized hidden states and that projection's own quantized weight, as a layer on its own gives it."""
     torch.manual_seed(4)
     model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int8")
     attention = model.encoder.layer[0].attention.self
+    assert isinstance(attention, Int8SelfAttention) and packed_layers(model)["encoder.layer.0.attention.self"] == "int8"
     projections = (attention.query, attention.key, attention.value)
-    assert all(isinstance(layer, Int8Linear) for layer in projections)
-    assert projections[0]._shared is projections[1]._shared is projections[2]._shared is not None
+    assert all(type(layer) is torch.nn.Linear for layer in projections)  # the block's own modules, fp32 parameters
     hidden = torch.randn(2, 9, 768)
-    calls = []
-    original = hfbert.inference.int8.quantize_rows
-    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hfbert.inference.int8, "quantize_rows", lambda *a: calls.append(1) or original(*a))
-        outputs = [layer(hidden) for layer in projections]
-    assert len(calls) == 1
     with torch.no_grad():
+        assert attention._ready()
+        outputs = attention.project(hidden.reshape(-1, 768)).split(768, dim=-1)
+        bias = torch.cat([layer.bias for layer in projections])
+        exact = exact_product(hidden, attention._form, bias)
+        assert (torch.cat(outputs, -1).double() - exact).abs().max() <= 1e-5 * exact.abs().max()
         for output, layer in zip(outputs, projections, strict=True):
-            exact = exact_product(hidden, layer._form, layer.bias)
-            assert (output.reshape(-1, 768).double() - exact).abs().max() <= 1e-5 * exact.abs().max()
-            alone = Int8Linear.from_linear(layer.to_linear())
-            assert torch.equal(output, alone(hidden))
+            alone = int8_linear(hidden, quantize_weight(layer.weight, layer.bias)).reshape(-1, 768)
+            assert torch.allclose(output, alone, rtol=1e-5, atol=1e-5 * alone.abs().max())
 
 
 @int8
-def test_a_hook_on_an_int8_projection_still_runs():
-    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), quantize="int8")
+@pytest.mark.parametrize(
+    "mode", [dict(quantize="int8"), dict(precision="high", kernels="always")], ids=["int8", "fast"]
+)
+def test_a_hook_on_a_projection_inside_a_fused_block_still_runs(mode):
+    """The fused blocks compute query, key and value in one product: a hook on one of them makes the block run its
+    plain way (the projections' own calls), and its output is what that projection computes."""
+    model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)), **mode)
+    key = model.encoder.layer[0].attention.self.key
     seen = []
-    model.encoder.layer[0].attention.self.key.register_forward_hook(lambda module, args, output: seen.append(output))
+    key.register_forward_hook(lambda module, args, output: seen.append((args[0], output)))
     with torch.no_grad():
         model(input_ids=torch.tensor([[101, 2000, 102]]))
-    assert len(seen) == 1 and seen[0].shape == (1, 3, 768)
+    assert len(seen) == 1 and seen[0][1].shape == (1, 3, 768)
+    assert torch.equal(seen[0][1], F.linear(seen[0][0], key.weight, key.bias))
 
 
 AVX2_SCRIPT = """

@@ -91,6 +91,9 @@ class FusedBlock(CachedForm):
         count and may run here."""
         if self.training or input.dtype != torch.float32 or not plain_inference_call(input, self.form_parameters()):
             return 0
+        if _hooked(module for module in self.children() if isinstance(module, nn.Linear)):
+            # A hook on a linear layer inside must see that layer's own call, which only the plain block makes.
+            return 0
         way = self._choice[bucket(input.numel() // in_features)]
         if way == 0 or not self._ready():
             return 0
@@ -105,16 +108,17 @@ class FusedSelfAttention(FusedBlock, BertSelfAttention):
 
     def build_form(self) -> tuple[Tensor, Tensor]:
         layers = (self.query, self.key, self.value)
-        weight = torch.cat([layer.weight.detach() for layer in layers])
-        bias = torch.cat([_bias(layer) for layer in layers])
-        return pack_whole(weight), bias
+        return pack_whole(torch.cat([layer.weight.detach() for layer in layers])), fused_bias(layers)
+
+    def project(self, rows: Tensor) -> Tensor:
+        """(rows, hidden) -> (rows, query | key | value), the three products in one."""
+        return packed_product(rows, *self._form)
 
     def forward(self, hidden_states: Tensor, batch: Any) -> tuple[Tensor, Tensor | None]:
         if not self._way(hidden_states, self.query.in_features):
             return super().forward(hidden_states, batch)
-        packed, bias = self._form
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        projected = packed_product(rows, packed, bias).view(*hidden_states.shape[:-1], -1)
+        projected = self.project(rows).view(*hidden_states.shape[:-1], -1)
         query, key, value = projected.split(
             [self.query.out_features, self.key.out_features, self.value.out_features], -1
         )
@@ -236,6 +240,17 @@ def block_candidates(block: nn.Module) -> tuple[tuple, list[Candidate]]:
         return ("intermediate", *shape, block.activation), FusedIntermediate.candidates(*shape, block.activation)
     shape = (block.dense.in_features, block.dense.out_features)
     return ("output", *shape), FusedResidualOutput.candidates(*shape)
+
+
+def _hooked(modules) -> bool:
+    return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks) or any(
+        module._forward_hooks or module._forward_pre_hooks for module in modules
+    )
+
+
+def fused_bias(layers: tuple[nn.Linear, ...]) -> Tensor:
+    """The biases of layers computed as one product, concatenated (zeros for a layer without one)."""
+    return torch.cat([_bias(layer) for layer in layers])
 
 
 def _bias(layer: nn.Linear) -> Tensor:

@@ -24,8 +24,13 @@ under it) lowers to. torch's other int8 routes are deprecated (`torch.ao.quantiz
 Without VNNI (AVX2, or AVX-512 before Cascade Lake) x86 adds pairs of uint8 x int8 products into a saturating
 int16 (`vpmaddubsw`): 2 x 255 x 127 overflows it. Where a probe product shows that, weights use [-63, 63]
 (2 x 255 x 63 fits), which costs less accuracy than 7-bit activations (fbgemm's and ONNX Runtime's
-`reduce_range`). Attention's query, key and value projections read the same hidden states: their `Int8Linear`
-layers share one `SharedQuantization`, so that input is quantized once for the three.
+`reduce_range`). Attention's query, key and value projections read the same hidden states: `Int8SelfAttention`
+computes the three in one product (hidden -> 3 x hidden), its input quantized once.
+
+Why per token: one scale per tensor (ONNX Runtime's `DynamicQuantizeLinear`; oneDNN's kernel would then apply it,
+the bias and GELU itself, a few ops fewer per product) costs real sentence embeddings several times the error. On
+all-MiniLM-L6-v2 (`python -m benchmarks.int8_accuracy`, docs/cpu-inference.md) it falls below both ONNX Runtime's
+and CTranslate2's int8; per token stays above both.
 
 `Int8Linear` keeps the layer's fp32 `weight` parameter (the int8 form is a cache of it, rebuilt when it changes), so
 an int8 model still saves, loads and trains its real weights; only plain CPU inference calls run int8. Accuracy and
@@ -35,16 +40,17 @@ speed against fp32, ONNX Runtime and CTranslate2: docs/cpu-inference.md.
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from hfbert.inference.fused import FusedSelfAttention, fused_bias
 from hfbert.inference.packed import can_pack
 from hfbert.inference.swapped import InferenceLinear
 from hfbert.modeling.cpu import X86
+from hfbert.modeling.model import BertSelfAttention
 
 
 @functools.cache
@@ -180,81 +186,40 @@ def quantize_activation(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(rows, features) fp32 -> uint8 values, and a scale and zero point per row, (rows, 1) fp32 each, with
     `rows ~= (values - zero_point) * scale`: each row's range, widened to hold 0 (so that zeros, padding and
     ReLU's, stay exact), in 255 steps; ONNX Runtime's DynamicQuantizeLinear, row by row."""
-    low = rows.amin(dim=-1, keepdim=True).clamp_(max=0)
-    high = rows.amax(dim=-1, keepdim=True).clamp_(min=0)
-    scale = ((high - low) / 255).clamp_(min=_TINY)
-    zero_point = torch.round(-low / scale)
-    # In place after the division: each pass over a large activation costs as much as the next. round(x / scale)
-    # + zero_point can reach 255.5 before rounding: clamp, or 256 would wrap around to 0.
-    values = rows.div(scale).round_().add_(zero_point).clamp_(0, 255).to(torch.uint8)
+    # Not torch.aminmax: along a dimension it is many times slower than the two reductions (torch 2.13, x86).
+    low, high = rows.amin(dim=-1, keepdim=True), rows.amax(dim=-1, keepdim=True)
+    scale = (high.clamp_(min=0) - low.clamp_(max=0)).div_(255).clamp_(min=_TINY)
+    zero_point = low.div_(scale).neg_().round_()
+    # Three passes over the activation, each costing as much as the next: x / scale + zero_point + 1/2 (multiplied
+    # by the reciprocal), clamped, then truncated to uint8 is round to nearest. The clamp is needed: the top value
+    # can reach 255.5 + 1/2, which would wrap around to 0.
+    values = torch.addcmul(zero_point + 0.5, rows, scale.reciprocal()).clamp_(0, 255).to(torch.uint8)
     return values, scale, zero_point
-
-
-@dataclass
-class QuantizedRows:
-    """An activation as the kernel reads it: (rows, features) uint8 values, and a scale and zero point per row."""
-
-    values: Tensor
-    scale: Tensor  # fp32 (rows, 1)
-    zero_point: Tensor  # fp32 (rows, 1)
-
-
-def quantize_rows(input: Tensor, in_features: int) -> QuantizedRows:
-    """`input` (fp32, shape (..., in_features)) as `QuantizedRows` of (prod(...), in_features)."""
-    if input.dtype != torch.float32 or input.device.type != "cpu":
-        raise TypeError(f"int8_linear takes fp32 CPU input, not {input.dtype} on {input.device}")
-    if input.shape[-1:] != (in_features,):
-        raise ValueError(f"input's last dimension must be {in_features} (in_features): {list(input.shape)}")
-    if torch.is_grad_enabled() and input.requires_grad:
-        raise RuntimeError("int8_linear has no gradient: run it under torch.no_grad() or torch.inference_mode()")
-    values, scale, zero_point = quantize_activation(input.reshape(-1, in_features))
-    return QuantizedRows(values.contiguous(), scale, zero_point)
-
-
-def int8_product(rows: QuantizedRows, weight: Int8Weight, shape: tuple[int, ...]) -> Tensor:
-    """The fp32 output (*shape, out_features) of quantized rows through an int8 weight (module docstring)."""
-    if rows.values.shape[0] == 0:
-        return rows.scale.new_empty(*shape, weight.out_features)
-    output = _int8_product(
-        rows.values, 1.0, 0, weight.packed, weight.scales, weight._zero_points, None, 1.0, 0, torch.float32, "none",
-        [], "",
-    )  # fmt: skip
-    output.addr_(rows.zero_point.view(-1), weight.sums, alpha=-1)
-    if weight.bias is None:
-        output.mul_(rows.scale)
-    else:
-        output = torch.addcmul(weight.bias, output, rows.scale, out=output)  # in place: one pass over the output
-    return output.view(*shape, weight.out_features)
 
 
 def int8_linear(input: Tensor, weight: Int8Weight) -> Tensor:
     """`F.linear(input, dequantize_weight(weight), weight.bias)` in int8, each row of `input` (fp32, shape
     (..., in_features)) quantized on the fly (`quantize_activation`); returns fp32 (..., out_features). Inference
     only: the kernel has no gradient."""
-    return int8_product(quantize_rows(input, weight.in_features), weight, tuple(input.shape[:-1]))
-
-
-class SharedQuantization:
-    """The last input some layers quantized, for the next of them that reads the same tensor: attention's query, key
-    and value projections each get the same hidden states. Held by a weak reference and checked by its in-place
-    version, so a different or changed input is quantized anew. A tensor made under `torch.inference_mode()` has
-    no version counter: there the input's identity decides (the three projections read it one after the other)."""
-
-    def __init__(self) -> None:
-        self._source: weakref.ref | None = None
-        self._version: int | None = -1
-        self._rows: QuantizedRows | None = None
-
-    def __call__(self, input: Tensor, in_features: int) -> QuantizedRows:
-        version = None if input.is_inference() else input._version
-        if self._source is not None and self._source() is input and version == self._version:
-            return self._rows
-        self._rows = quantize_rows(input, in_features)
-        self._source, self._version = weakref.ref(input), version
-        return self._rows
-
-    def __getstate__(self) -> dict:
-        return {"_source": None, "_version": -1, "_rows": None}  # a copy starts empty
+    if input.dtype != torch.float32 or input.device.type != "cpu":
+        raise TypeError(f"int8_linear takes fp32 CPU input, not {input.dtype} on {input.device}")
+    if input.shape[-1:] != (weight.in_features,):
+        raise ValueError(f"input's last dimension must be {weight.in_features} (in_features): {list(input.shape)}")
+    if torch.is_grad_enabled() and input.requires_grad:
+        raise RuntimeError("int8_linear has no gradient: run it under torch.no_grad() or torch.inference_mode()")
+    shape = (*input.shape[:-1], weight.out_features)
+    if input.numel() == 0:
+        return input.new_empty(shape)
+    values, scale, zero_point = quantize_activation(input.reshape(-1, weight.in_features))
+    output = _int8_product(
+        values, 1.0, 0, weight.packed, weight.scales, weight._zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+    output.addr_(zero_point.view(-1), weight.sums, alpha=-1)
+    if weight.bias is None:
+        output.mul_(scale)
+    else:
+        output = torch.addcmul(weight.bias, output, scale, out=output)  # in place: one pass over the output
+    return output.view(shape)
 
 
 class Int8Linear(InferenceLinear):
@@ -262,11 +227,8 @@ class Int8Linear(InferenceLinear):
     included, runs `F.linear` on the fp32 parameter it keeps.
 
     `hfbert.optimize_for_inference(model, quantize="int8")` swaps a model's linear layers for these; `from_linear`
-    keeps the layer's parameters (the same objects) and hooks. Layers given one `_shared` (`SharedQuantization`)
-    quantize an input they all read once.
+    keeps the layer's parameters (the same objects) and hooks.
     """
-
-    _shared: SharedQuantization | None = None
 
     @staticmethod
     def supports(weight: Tensor) -> bool:
@@ -280,8 +242,29 @@ class Int8Linear(InferenceLinear):
         return quantize_weight(self.weight.detach(), None if self.bias is None else self.bias.detach())
 
     def run(self, input: Tensor) -> Tensor:
-        rows = (self._shared or quantize_rows)(input, self.in_features)
-        return int8_product(rows, self._form, tuple(input.shape[:-1]))
+        return int8_linear(input, self._form)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", int8"
+
+
+class Int8SelfAttention(FusedSelfAttention):
+    """BERT's self-attention with query, key and value in one int8 product (hidden -> 3 x hidden): the hidden states
+    quantized once and one kernel call, instead of three of each.
+
+    The three projections stay the block's own `nn.Linear` modules, with their fp32 parameters (the state dict is
+    unchanged, the int8 weight is a cache of the three). Calls that are not plain CPU inference, and calls where a
+    projection carries a hook (it must see its own call), run the plain block, in fp32.
+    """
+
+    plain_class = BertSelfAttention
+
+    def can_build(self) -> bool:
+        return super().can_build() and int8_available()
+
+    def build_form(self) -> Int8Weight:
+        layers = (self.query, self.key, self.value)
+        return quantize_weight(torch.cat([layer.weight.detach() for layer in layers]), fused_bias(layers))
+
+    def project(self, rows: Tensor) -> Tensor:
+        return int8_linear(rows, self._form)

@@ -13,8 +13,8 @@ Three modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-c
   transformers' own (at most 1.5x); a bf16 model is packed too on CPUs that compute bf16 natively.
 - fp32, `precision="high"`: the fast mode of `fused.py`, at most 3x transformers' error: query, key and value in
   one product, GELU and the residual add as oneDNN post-ops, whole-width packed weights.
-- `quantize="int8"`: `Int8Linear` (`int8.py`): int8 weights, activations quantized per token at run time, lossy by
-  design (docs/cpu-inference.md measures it).
+- `quantize="int8"`: `Int8Linear` and `Int8SelfAttention` (query, key and value in one product; `int8.py`): int8
+  weights, activations quantized per token at run time, lossy by design (docs/cpu-inference.md measures it).
 
 Which kernel is faster depends on the CPU and on the rows per product (oneDNN's packed product beats MKL's sgemm at
 few rows and on AVX-512, and loses to it on Zen 3's AVX2 at many): in the fp32 modes every candidate layer or block
@@ -46,7 +46,7 @@ from torch import nn
 
 from hfbert.inference.allocator import keep_freed_memory
 from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, block_candidates
-from hfbert.inference.int8 import Int8Linear, SharedQuantization, int8_available
+from hfbert.inference.int8 import Int8Linear, Int8SelfAttention, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
 from hfbert.inference.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, linear_candidates, packing_supported
 from hfbert.inference.swapped import InferenceLinear
@@ -90,16 +90,22 @@ def optimize_for_inference(
         keep_freed_memory()
     if quantize == "int8":
         if int8_available():
-            _swap(model, _linears(model, MIN_INT8_WEIGHTS), _int8_layer(model))
+            attention = [
+                name for name in _fused_blocks(model) if isinstance(model.get_submodule(name), BertSelfAttention)
+            ]
+            _swap(model, attention, lambda name, block: Int8SelfAttention.from_block(block, (1,) * len(ROW_BUCKETS)))
+            _swap(
+                model,
+                _linears(model, MIN_INT8_WEIGHTS, inside=_fused(model)),
+                lambda name, layer: Int8Linear.from_linear(layer),
+            )
         return model
     if precision == "high" and packing_supported(torch.float32):
         blocks = _fused_blocks(model)
         choices = {name: _choice(kernels, *block_candidates(model.get_submodule(name))) for name in blocks}
         fused = [name for name in blocks if any(choices[name])]
         _swap(model, fused, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choices[name]))
-    # The linear layers inside fused blocks are computed by their block (its plain way runs them as nn.Linear).
-    inside = tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, FusedBlock))
-    linears = [name for name in _linears(model, MIN_PACKED_WEIGHTS) if not name.startswith(inside)]
+    linears = _linears(model, MIN_PACKED_WEIGHTS, inside=_fused(model))
     choices = {name: _linear_choice(kernels, model.get_submodule(name)) for name in linears}
     packed = [name for name in linears if any(choices[name])]
     _swap(model, packed, lambda name, layer: _packed_layer(layer, choices[name]))
@@ -157,33 +163,29 @@ def packed_layers(model: nn.Module) -> dict[str, str]:
         elif isinstance(module, Int8Linear) and module.supports(module.weight):
             forms[name] = "int8"
         elif isinstance(module, FusedBlock) and module.can_build():
-            forms[name] = "fused"
+            forms[name] = "int8" if isinstance(module, Int8SelfAttention) else "fused"
     return forms
 
 
-def _linears(model: nn.Module, min_weights: int) -> list[str]:
-    """The `nn.Linear` layers worth swapping: large enough, plain, and owning their weight (a tied weight must stay
-    one parameter of one module, or the tie would break when a swap is undone)."""
+def _fused(model: nn.Module) -> tuple[str, ...]:
+    """Name prefixes of the fused blocks: the linear layers inside them are computed by their block (whose plain way
+    runs them as nn.Linear)."""
+    return tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, FusedBlock))
+
+
+def _linears(model: nn.Module, min_weights: int, inside: tuple[str, ...]) -> list[str]:
+    """The `nn.Linear` layers worth swapping: large enough, plain, not `inside` a fused block, and owning their
+    weight (a tied weight must stay one parameter of one module, or the tie would break when a swap is undone)."""
     uses = Counter(id(parameter) for _, parameter in model.named_parameters(remove_duplicate=False))
     return [
         name
         for name, layer in model.named_modules()
         if type(layer) is nn.Linear
+        and not name.startswith(inside)
         and uses[id(layer.weight)] == 1
         and layer.weight.numel() >= min_weights
         and can_pack(layer.weight)
     ]
-
-
-def _int8_layer(model: nn.Module):
-    """Int8Linear.from_linear, with attention's query, key and value of each layer sharing one quantized input."""
-    shared = {}
-    for attention in model.modules():
-        if isinstance(attention, BertSelfAttention):
-            quantization = SharedQuantization()
-            shared.update({id(attention.query): quantization, id(attention.key): quantization})
-            shared[id(attention.value)] = quantization
-    return lambda name, linear: Int8Linear.from_linear(linear, _shared=shared.get(id(linear)))
 
 
 def _swap(model: nn.Module, names: list[str], make) -> None:

@@ -127,7 +127,7 @@ def module_state(module: nn.Module) -> dict[str, Any]:
     return {
         key: value.copy() if isinstance(value, dict) else value
         for key, value in module.__dict__.items()
-        if key not in ("_form", "_form_from", "_shared", "_choice", "_keep_pages")
+        if key not in ("_form", "_form_from", "_choice", "_keep_pages")
     }
 
 
