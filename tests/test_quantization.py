@@ -23,6 +23,7 @@ import hfbert
 import hfbert.inference.int8
 from hfbert.inference import packed_layers
 from hfbert.inference.int8 import (
+    STEPS,
     Int8SelfAttention,
     dequantize_weight,
     int8_available,
@@ -109,7 +110,7 @@ def test_activation_quantization_keeps_zero_exact_and_covers_each_row():
     inputs = torch.tensor([[-2.0, 0.0, 0.5, 6.0], [0.0, 1.0, 3.0, 2.0], [-1.0, -0.5, 0.0, -0.25]])
     integers, scale, zero_point = quantize_activation(inputs)
     assert integers.dtype == torch.uint8 and scale.shape == zero_point.shape == (3, 1)
-    assert (integers.amax(dim=1) - integers.amin(dim=1) == 255).all()  # each row's own range, all 256 codes
+    assert (integers.amax(dim=1) - integers.amin(dim=1) == STEPS).all()  # each row's own range, in all its steps
     zeros_at = inputs == 0  # one zero per row: it maps to that row's zero point exactly
     assert torch.equal(integers[zeros_at].float(), zero_point.flatten())
     assert ((integers.float() - zero_point) * scale - inputs).abs().le(scale / 2 + 1e-7).all()

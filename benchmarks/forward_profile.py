@@ -1,0 +1,59 @@
+"""Where a forward's time goes: the share of the linear products against everything around them.
+
+    python -m benchmarks.forward_profile          # from the repository root; about a minute on 2 cores
+
+bert-base's shape with random weights, torch's profiler over a few forwards of each hfbert mode (the plain model,
+`optimize_for_inference(model, precision="high")`, `quantize="int8"`), at 1 x 16 tokens (batch-1 latency) and
+8 x 128 (a dense batch). The products are the ops that run a linear layer (MKL's sgemm through `aten::addmm` /
+`aten::mm`, oneDNN's fp32 `mkldnn::_linear_pointwise` and int8 `onednn::qlinear_pointwise`); the rest is
+attention, LayerNorm, GELU, int8's quantization and the tensor bookkeeping. If the products dominate, fewer eager
+ops cannot make the forward much faster: only a faster product can. Prints the CPU and instruction set.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import hfbert
+from hfbert.modeling.cpu import cpu_name, instruction_set
+
+PRODUCTS = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise")
+MODES = {"plain": {}, "fast": {"precision": "high"}, "int8": {"quantize": "int8"}}
+SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    print(f"Machine: {cpu_name()}; instruction set {instruction_set()}; {torch.get_num_threads()} threads.\n")
+    print("| mode | tokens | ms per forward | products | share |\n|---|---|---|---|---|")
+    for mode, options in MODES.items():
+        model = hfbert.BertModel(hfbert.BertConfig()).eval()
+        if options:
+            hfbert.optimize_for_inference(model, **options)
+        for batch, tokens, forwards in SHAPES:
+            ids = torch.randint(1000, 20000, (batch, tokens))
+            with torch.inference_mode():
+                for _ in range(3):
+                    model(input_ids=ids)
+                started = time.perf_counter()
+                for _ in range(forwards):
+                    model(input_ids=ids)
+                per_forward = (time.perf_counter() - started) / forwards
+                with profile(activities=[ProfilerActivity.CPU]) as profiled:
+                    for _ in range(forwards):
+                        model(input_ids=ids)
+            events = profiled.key_averages()
+            total = sum(event.self_cpu_time_total for event in events)
+            products = sum(event.self_cpu_time_total for event in events if event.key in PRODUCTS)
+            print(
+                f"| {mode} | {batch} x {tokens} | {per_forward * 1e3:.1f} | {products / forwards / 1e3:.1f} ms "
+                f"| {products / total:.0%} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
