@@ -91,7 +91,10 @@ def optimize_for_inference(
     if quantize == "int8":
         if int8_available():
             attention = [
-                name for name in _fused_blocks(model) if isinstance(model.get_submodule(name), BertSelfAttention)
+                name
+                for name in _fused_blocks(model)
+                if isinstance(block := model.get_submodule(name), BertSelfAttention)
+                and block.query.weight.numel() >= MIN_INT8_WEIGHTS
             ]
             _swap(model, attention, lambda name, block: Int8SelfAttention.from_block(block, (1,) * len(ROW_BUCKETS)))
             _swap(
