@@ -118,6 +118,7 @@ def test_pinned_revision_and_one_sha_for_main(hub, weights, tmp_path):
     assert resolves and not any("/resolve/main/" in path for path in resolves)
 
 
+@pytest.mark.slow  # CLI subprocesses against the fake Hub, then offline
 def test_offline_reuse_makes_no_network_call(hub, tmp_path):
     assert hfbert_cli("download", REPO, hub=hub, cache=tmp_path).returncode == 0
     hub.stop()
@@ -136,6 +137,7 @@ def test_corrupted_download_is_detected(hub, weights, tmp_path):
     assert "Fix: delete" in result.stderr
 
 
+@pytest.mark.slow  # CLI subprocesses against the fake Hub, the cache altered between them
 def test_cache_altered_afterwards_is_detected(hub, tmp_path):
     result = hfbert_cli("download", REPO, hub=hub, cache=tmp_path)
     blob = (snapshot_of(result) / "model.safetensors").resolve()
