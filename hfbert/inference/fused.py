@@ -104,11 +104,14 @@ class FusedSelfAttention(FusedBlock, BertSelfAttention):
     plain_class = BertSelfAttention
 
     def form_parameters(self) -> tuple[Tensor | None, ...]:
-        return tuple(tensor for layer in (self.query, self.key, self.value) for tensor in (layer.weight, layer.bias))
+        return tuple(tensor for layer in self.projections() for tensor in (layer.weight, layer.bias))
+
+    def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        return self.query, self.key, self.value
 
     def build_form(self) -> tuple[Tensor, Tensor]:
-        layers = (self.query, self.key, self.value)
-        return pack_whole(torch.cat([layer.weight.detach() for layer in layers])), fused_bias(layers)
+        weight, bias = fused_parameters(self.projections())
+        return pack_whole(weight), bias
 
     def project(self, rows: Tensor) -> Tensor:
         """(rows, hidden) -> (rows, query | key | value), the three products in one."""
@@ -248,9 +251,10 @@ def _hooked(modules) -> bool:
     )
 
 
-def fused_bias(layers: tuple[nn.Linear, ...]) -> Tensor:
-    """The biases of layers computed as one product, concatenated (zeros for a layer without one)."""
-    return torch.cat([_bias(layer) for layer in layers])
+def fused_parameters(layers: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
+    """The weights and biases of layers computed as one product, concatenated along their outputs (zeros for a
+    layer without a bias)."""
+    return torch.cat([layer.weight.detach() for layer in layers]), torch.cat([_bias(layer) for layer in layers])
 
 
 def _bias(layer: nn.Linear) -> Tensor:

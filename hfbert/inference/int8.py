@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfbert.inference.fused import FusedSelfAttention, fused_bias
+from hfbert.inference.fused import FusedSelfAttention, fused_parameters
 from hfbert.inference.packed import can_pack
 from hfbert.inference.swapped import InferenceLinear
 from hfbert.modeling.cpu import X86
@@ -265,8 +265,7 @@ class Int8SelfAttention(FusedSelfAttention):
         return super().can_build() and int8_available()
 
     def build_form(self) -> Int8Weight:
-        layers = (self.query, self.key, self.value)
-        return quantize_weight(torch.cat([layer.weight.detach() for layer in layers]), fused_bias(layers))
+        return quantize_weight(*fused_parameters(self.projections()))
 
     def project(self, rows: Tensor) -> Tensor:
         return int8_linear(rows, self._form)
