@@ -1,13 +1,14 @@
 """Where a forward's time goes: the share of the linear products against everything around them.
 
-    python -m benchmarks.forward_profile          # from the repository root; about a minute on 2 cores
+    python -m benchmarks.forward_profile          # from the repository root; about 3 minutes on 2 cores
 
 bert-base's shape with random weights, torch's profiler over a few forwards of each hfbert mode (the plain model,
-`optimize_for_inference(model, precision="high")`, `quantize="int8"`), at 1 x 16 tokens (batch-1 latency) and
-8 x 128 (a dense batch). The products are the ops that run a linear layer (MKL's sgemm through `aten::addmm` /
-`aten::mm`, oneDNN's fp32 `mkldnn::_linear_pointwise` and int8 `onednn::qlinear_pointwise`); the rest is
-attention, LayerNorm, GELU, int8's quantization and the tensor bookkeeping. If the products dominate, fewer eager
-ops cannot make the forward much faster: only a faster product can. Prints the CPU and instruction set.
+`optimize_for_inference(model, precision="high")`, `quantize="int8"`, and int8 with `compile=True`), at 1 x 16
+tokens (batch-1 latency) and 8 x 128 (a dense batch). The products are the ops that run a linear layer (MKL's
+sgemm through `aten::addmm` / `aten::mm`, oneDNN's fp32 `mkldnn::_linear_pointwise` and int8
+`onednn::qlinear_pointwise`); the rest is attention, LayerNorm, GELU, int8's quantization and the tensor
+bookkeeping. If the products dominate, fewer eager ops cannot make the forward much faster: only a faster product
+can. Prints the CPU and instruction set.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import hfbert
 from hfbert.modeling.cpu import cpu_name, instruction_set
 
 PRODUCTS = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise")
-MODES = {"plain": {}, "fast": {"precision": "high"}, "int8": {"quantize": "int8"}}
+MODES = {
+    "plain": {},
+    "fast": {"precision": "high"},
+    "int8": {"quantize": "int8"},
+    "int8 compiled": {"quantize": "int8", "compile": True},  # each shape compiled at its first warm-up forward
+}
 SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
 
 

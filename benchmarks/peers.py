@@ -36,6 +36,10 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 shape, so an engine built later reuses what an earlier one measured) are recorded per engine.
   hfbert fast   the same with `optimize_for_inference(model, precision="high")`: the fast fp32 mode (fused
                 query/key/value, fused post-ops; RMS error against float64 within 3x transformers').
+  hfbert compiled  int8 only: `optimize_for_inference(model, quantize="int8", compile=True)`, the int8 model under
+                torch.compile with freezing, inputs padded to a few static shapes (hfbert/inference/compiled.py).
+                Each batch's shape is compiled once before the clock starts (as a warm-up compiles it); the shapes,
+                their compile times and which batches ran eager instead (mostly padding) are recorded.
   hfbert bf16   `BertModel.from_pretrained(..., dtype=torch.bfloat16)` + `optimize_for_inference`, only where the
                 CPU computes bf16 natively (`hfbert.modeling.cpu.bfloat16_native()`); skipped where it is emulated.
   transformers  BertModel, attn_implementation="sdpa", eval, no_grad.
@@ -125,6 +129,7 @@ from benchmarks.benchmark import (  # the shared inputs and timing
 )
 from benchmarks.report import ENGINES, HFBERT_ENGINES, PEERS
 from hfbert.inference import packed_layers
+from hfbert.inference.compiled import compile_report, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
 from hfbert.modeling.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
 
@@ -171,21 +176,52 @@ def torch_engine(model: torch.nn.Module, notes: list[str], facts: dict | None = 
 
 
 def hfbert_engine(
-    checkpoint: Path, quantize: str | None = None, precision: str = "highest", dtype: torch.dtype = torch.float32
+    checkpoint: Path,
+    quantize: str | None = None,
+    precision: str = "highest",
+    dtype: torch.dtype = torch.float32,
+    compile: bool = False,
 ) -> Engine:
     model = hfbert.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
     started = time.perf_counter()
-    hfbert.optimize_for_inference(model, quantize=quantize, precision=precision)
+    hfbert.optimize_for_inference(model, quantize=quantize, precision=precision, compile=compile)
     seconds = time.perf_counter() - started
     swapped = swapped_layers(model)
     if quantize and not any(form == quantize for form, _ in swapped):
         raise RuntimeError(f"optimize_for_inference(quantize={quantize!r}) changed no layer on this machine")
-    option = f"quantize={quantize!r}" if quantize else f"precision={precision!r}"
+    option = (f"quantize={quantize!r}" if quantize else f"precision={precision!r}") + (", compile=True" * compile)
     weights = "" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} weights; "
     layers = "; ".join(swapped.values()) if swapped else "no layer swapped (the plain computation measured fastest)"
     notes = [f"{weights}optimize_for_inference({option}) took {seconds:.1f} s: {layers}"]
     facts = {"optimize_seconds": seconds, "swapped": dict(Counter(packed_layers(model).values()))}
-    return torch_engine(model, notes, facts)
+    engine = torch_engine(model, notes, facts)
+    if compile:
+        engine.prepare = lambda inputs: compile_shape(model, inputs, facts)
+        engine.describe = lambda: [compiled_note(facts)]
+    return engine
+
+
+def compile_shape(model: torch.nn.Module, inputs: dict[str, torch.Tensor], facts: dict) -> dict[str, torch.Tensor]:
+    """`inputs`, after one call that compiles their padded shape if it is new: compilation is not timed."""
+    before = compile_report(model)
+    with torch.no_grad():
+        model(**inputs)
+    for (rows, sequence, *_), seconds in compile_report(model).items() - before.items():
+        facts.setdefault("compilations", []).append({"shape": [rows, sequence], "seconds": round(seconds, 1)})
+    shape = list(inputs["input_ids"].shape)
+    eager = facts.setdefault("eager_shapes", [])
+    if padded_shape(model, inputs["input_ids"], inputs["attention_mask"]) is None and shape not in eager:
+        eager.append(shape)
+    return inputs
+
+
+def compiled_note(facts: dict) -> str:
+    compilations = facts.get("compilations", [])
+    shapes = ", ".join(f"{entry['shape'][0]}x{entry['shape'][1]} {entry['seconds']:.0f} s" for entry in compilations)
+    return (
+        f"compiled {len(compilations)} shape(s) before timing ({shapes or 'none'}); "
+        f"batches of {len(facts.get('eager_shapes', []))} other shape(s) ran eager (more than a quarter padding)"
+    )
 
 
 def swapped_layers(model: torch.nn.Module) -> dict[tuple[str, str], str]:
@@ -460,6 +496,9 @@ def build_engines(
         engines["transformers"] = transformers_engine(checkpoint)
     if precision == "int8":
         engines["hfbert"] = attempt(skipped, "hfbert int8", lambda: hfbert_engine(checkpoint, quantize="int8"))
+        engines["hfbert compiled"] = attempt(
+            skipped, "hfbert compiled int8", lambda: hfbert_engine(checkpoint, quantize="int8", compile=True)
+        )
         skipped["transformers int8"] = "transformers has no int8 CPU path of its own"
     if precision == "bf16":
         engines["hfbert bf16"] = attempt(skipped, "hfbert bf16", lambda: bfloat16_engine(checkpoint))

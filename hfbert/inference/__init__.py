@@ -6,6 +6,7 @@
 - `packed.py`: `PackedLinear`, an `nn.Linear` whose CPU inference runs on weights packed once for oneDNN;
 - `fused.py`: the fast fp32 mode (precision="high"): attention, feed-forward and output blocks fused;
 - `int8.py`: `Int8Linear` and the int8 kernels (int8 weights, activations quantized per token);
+- `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes;
 - `allocator.py`: keep freed activation memory in the process between forwards.
 
 `hfbert.modeling` never imports this floor: the model is plain PyTorch, and nothing here changes its parameters.

@@ -67,7 +67,9 @@ def _prepack(*args: Any) -> Tensor:
 
 
 def _int8_product(*args: Any) -> Tensor:
-    return _ops()[1](*args)
+    # By name, not through `_ops()`: torch.compile traces this (the compiled path), and only runs where `_ops()` has
+    # found the op (`int8_available`).
+    return torch.ops.onednn.qlinear_pointwise(*args)
 
 
 _TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row: any positive value quantizes it to zeros

@@ -13,7 +13,6 @@ where it takes at most WIN_MARGIN of its time, so that noise in the timing canno
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
 import time
@@ -39,7 +38,8 @@ Candidate = Callable[[int], Callable[[], object]]  # rows -> a call computing th
 
 def bucket(rows: int) -> int:
     """The index in ROW_BUCKETS of the row count nearest to `rows` (on a log scale)."""
-    return bisect.bisect_left(_BOUNDS, rows)
+    # Not bisect: torch.compile traces this (the compiled path) and cannot see into C functions.
+    return sum(rows > bound for bound in _BOUNDS)
 
 
 def measured_choice(key: Hashable, candidates: Sequence[Candidate]) -> tuple[int, ...]:

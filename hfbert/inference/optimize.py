@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from hfbert.inference.allocator import keep_freed_memory
+from hfbert.inference.compiled import check_compiler, compile_forward, uncompile
 from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, block_candidates
 from hfbert.inference.int8 import Int8Linear, Int8SelfAttention, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
@@ -65,7 +66,11 @@ MIN_INT8_WEIGHTS = 2**16
 
 
 def optimize_for_inference(
-    model: nn.Module, quantize: str | None = None, precision: str = "highest", kernels: str = "measured"
+    model: nn.Module,
+    quantize: str | None = None,
+    precision: str = "highest",
+    kernels: str = "measured",
+    compile: bool = False,
 ) -> nn.Module:
     """Put `model` in eval mode and swap its large linear layers for packed (or, with `quantize="int8"`, int8)
     ones, in place. Returns the model, for chaining. Calling it again re-optimizes (int8 after packed, say).
@@ -75,7 +80,11 @@ def optimize_for_inference(
     and value in one product, post-ops fused, whole-width packed weights. `kernels="measured"` (the default): a
     packed or fused kernel runs only at the row counts where it was measured faster than the plain model on this
     machine (`measured.py`), so an optimized model is never slower than the plain one; `kernels="always"` runs
-    it everywhere (to check its accuracy on an instruction set)."""
+    it everywhere (to check its accuracy on an instruction set).
+
+    `compile=True` (with `quantize="int8"`) runs the int8 model's plain inference calls under torch.compile, on a
+    few padded shapes (`compiled.py`): faster on short inputs, the same arithmetic, a compilation of tens of seconds
+    per new shape, and a C++ compiler needed (RuntimeError naming it where there is none)."""
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZATIONS)}, not {quantize!r}")
     if precision not in ACCURACY_BOUNDS:
@@ -84,6 +93,11 @@ def optimize_for_inference(
         raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNEL_CHOICES))}, not {kernels!r}")
     if quantize is not None and precision != "highest":
         raise ValueError(f"precision={precision!r} is an fp32 mode: it cannot be combined with quantize={quantize!r}")
+    if compile and quantize != "int8":
+        # Measured (docs/cpu-inference.md): compiling the fp32 modes gains nothing over their eager kernels.
+        raise ValueError("compile=True is offered with quantize='int8' only, where it was measured to pay")
+    if compile and int8_available():
+        check_compiler()  # before anything changes
     restore_weights(model)
     model.eval()
     if any(parameter.device.type == "cpu" for parameter in model.parameters()):
@@ -102,6 +116,8 @@ def optimize_for_inference(
                 _linears(model, MIN_INT8_WEIGHTS, inside=_fused(model)),
                 lambda name, layer: Int8Linear.from_linear(layer),
             )
+            if compile:
+                compile_forward(getattr(model, "backbone", model))
         return model
     if precision == "high" and packing_supported(torch.float32):
         blocks = _fused_blocks(model)
@@ -147,7 +163,9 @@ def _fused_blocks(model: nn.Module) -> list[str]:
 
 
 def restore_weights(model: nn.Module) -> nn.Module:
-    """Undo `optimize_for_inference`: every swapped layer is a plain `nn.Linear` again, with the same parameters."""
+    """Undo `optimize_for_inference`: every swapped layer is a plain `nn.Linear` again, with the same parameters,
+    and the forward the class's own (not compiled)."""
+    uncompile(getattr(model, "backbone", model))
     swapped = [name for name, module in model.named_modules() if isinstance(module, InferenceLinear)]
     _swap(model, swapped, lambda name, layer: layer.to_linear())
     fused = [name for name, module in model.named_modules() if isinstance(module, FusedBlock)]

@@ -12,8 +12,10 @@ model's own module does. The subclasses say which parameters they support, how t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,6 +66,8 @@ class CachedForm:
 
     def _ready(self) -> bool:
         """The form of the current parameters is there, built again now if they changed since."""
+        if torch.compiler.is_compiling():  # `kernels_traced`: the compiled path built every form before tracing
+            return self._form is not None
         return self.is_current or (self._form_from != self._key() and self.rebuild())
 
     def train(self, mode: bool = True):
@@ -131,9 +135,26 @@ def module_state(module: nn.Module) -> dict[str, Any]:
     }
 
 
+_kernels_traced = False
+
+
+@contextlib.contextmanager
+def kernels_traced() -> Iterator[None]:
+    """Inside, torch.compile traces the swapped modules' kernels instead of the plain computation: for the compiled
+    path (`compiled.py`), which calls the compiler only for plain inference calls and builds every form first."""
+    global _kernels_traced
+    before, _kernels_traced = _kernels_traced, True
+    try:
+        yield
+    finally:
+        _kernels_traced = before
+
+
 def plain_inference_call(input: Tensor, parameters: tuple[Tensor | None, ...]) -> bool:
     """Whether a oneDNN op (which has no backward and is invisible to autocast, compilers and tracers) may run."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if torch.compiler.is_compiling():
+        return _kernels_traced
+    if torch.jit.is_tracing():
         return False
     parameters = tuple(parameter for parameter in parameters if parameter is not None)
     return (

@@ -1,0 +1,290 @@
+"""The compiled int8 path, `optimize_for_inference(model, quantize="int8", compile=True)`: the int8 model's forward
+under torch.compile (inductor, with freezing), on inputs padded to a few static shapes.
+
+    >>> import torch, hfbert
+    >>> model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1))
+    >>> model = hfbert.optimize_for_inference(model, quantize="int8", compile=True)  # doctest: +SKIP
+    >>> with torch.no_grad():  # the first call of each shape compiles (tens of seconds), later ones reuse it
+    ...     out = model(input_ids=torch.tensor([[101, 102]]))  # doctest: +SKIP
+
+Why it pays: the eager int8 forward is about 15 small ops per product around oneDNN's kernel (quantizing each
+token, the zero-point and scale corrections, the bias, GELU, the residual, LayerNorm), each a pass over memory.
+Inductor traces the same kernels (`torch.ops.onednn.qlinear_pointwise` on the same packed weights) and fuses the
+ops between them into a few loops; freezing folds the weights into the graph. That matters where the products are
+small (short inputs, batch 1) and not where they dominate (docs/cpu-inference.md measures both). The arithmetic is
+the eager int8 path's: same quantization, same kernel, the same accuracy contract.
+
+What it costs: a C++ compiler at run time (inductor writes and builds C++; without one, `optimize_for_inference`
+raises, naming the compiler it looked for, and the eager paths keep working), and one compilation per input shape.
+So that a few compilations cover every call, each call's (batch, sequence) is padded up to the next of
+BATCH_BUCKETS x SEQUENCE_BUCKETS (pad tokens, masked out), and its outputs are cut back to the call's shape, pad
+positions zero as in the eager padding-free path. Calls whose padding would take more than a quarter of the
+padded shape run the eager int8 model instead: there the eager padding-free path, which computes real tokens only,
+is faster than any padded computation; so do calls the compiled graph does not cover (training, gradients,
+autocast, `output_attentions`, `inputs_embeds`, a device other than the CPU).
+
+The weights are folded into the compiled graph: when any parameter changes (an optimizer step, `load_state_dict`),
+the next call builds the int8 forms again and compiles anew. `compile_report(model)` lists the shapes compiled so
+far and the seconds each took.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hfbert.inference.swapped import CachedForm, kernels_traced, weight_key
+from hfbert.modeling.inputs import check_inputs
+from hfbert.modeling.model import BertModel
+from hfbert.modeling.outputs import BertModelOutput
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SEQUENCE_BUCKETS = (16, 32, 64, 128, 256, 512)
+# A call runs compiled only where real tokens fill at least this share of its padded shape.
+MIN_FILL = 0.75
+# Each compiled shape is one entry in dynamo's cache of this module's forward function (shared by every model).
+RECOMPILE_LIMIT = 256
+
+
+def cpp_compilers() -> tuple[str, ...]:
+    """The C++ compilers inductor looks for, in order (`torch._inductor.config.cpp.cxx`: $CXX, else g++)."""
+    from torch._inductor import config
+
+    search = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+    return tuple(name for name in search if name)
+
+
+def check_compiler() -> str:
+    """The path of the C++ compiler inductor will use; RuntimeError naming the compilers looked for if none is
+    installed."""
+    for name in cpp_compilers():
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    raise RuntimeError(
+        f"the compiled path (compile=True) needs a C++ compiler at run time and none was found: looked for "
+        f"{', '.join(map(repr, cpp_compilers())) or 'none configured'} (set CXX to another one); the eager paths "
+        f"(compile=False) do not need one"
+    )
+
+
+@dataclass(eq=False, repr=False)
+class CompiledForward:
+    """What replaces a `BertModel`'s forward (an instance attribute, so that the class and every other model keep
+    theirs): pads the call to a bucket shape and runs the compiled forward, or runs the eager one."""
+
+    model: nn.Module
+    compiled: dict[tuple, float] = field(default_factory=dict)  # (batch, sequence, variant) -> seconds to compile
+    _generation: int = 0  # bumped when parameters change: a new value is a new compiled graph
+    _parameters_key: tuple | None = None
+    _compiled: Any = None  # the compiled `_Forward`, made at the first compiled call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> BertModelOutput | tuple[Tensor, ...]:
+        """`BertModel.forward`'s arguments (bound by its signature, so that every call means what it does there)."""
+        model, config = self.model, self.model.config
+        call = _FORWARD.bind(model, *args, **kwargs)
+        call.apply_defaults()
+        given = call.arguments
+        input_ids, attention_mask, inputs_embeds = given["input_ids"], given["attention_mask"], given["inputs_embeds"]
+        token_type_ids, position_ids = given["token_type_ids"], given["position_ids"]
+        arguments = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        hidden = _or(given["output_hidden_states"], config.output_hidden_states)
+        shape = self._shape(
+            input_ids, attention_mask, inputs_embeds, _or(given["output_attentions"], config.output_attentions)
+        )
+        if shape is None:
+            return type(model).forward(*call.args, **call.kwargs)
+        # Every value the compiled graph reads is checked eagerly first: the errors are the eager model's.
+        check_inputs(config, model.device, *arguments, dtype=model.dtype)
+        self._refresh()
+        batch, sequence = input_ids.shape
+        padded = _pad_inputs(shape, config.pad_token_id, input_ids, attention_mask, token_type_ids, position_ids)
+        variant = tuple(tensor is not None for tensor in padded[1:]) + (hidden,)
+        started = time.perf_counter()
+        # Freezing as a config patch: torch.compile's options={"freezing": True} leaves the int8 forms graph inputs,
+        # which inductor's int8 lowering refuses (it needs the packed weights as constants).
+        with (
+            torch.no_grad(),
+            kernels_traced(),
+            torch._inductor.config.patch(freezing=True),
+            torch._dynamo.config.patch(
+                recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4
+            ),
+        ):
+            if self._compiled is None:
+                self._compiled = torch.compile(_Forward(model), dynamic=False)
+            output = self._compiled(self._generation, *padded, hidden)
+        if (*shape, variant, self._generation) not in self.compiled:
+            self.compiled[(*shape, variant, self._generation)] = time.perf_counter() - started
+        output = _cut(output, batch, sequence, attention_mask, model)
+        return output if given["return_dict"] is not False else output.to_tuple()
+
+    def _shape(
+        self, input_ids: Tensor | None, attention_mask: Tensor | None, inputs_embeds: Tensor | None, attentions: bool
+    ) -> tuple[int, int] | None:
+        """The bucket shape this call runs compiled at, or None where it runs the eager model."""
+        if (
+            self.model.training
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")
+            or attentions
+            or inputs_embeds is not None
+            or type(input_ids) is not Tensor
+            or input_ids.dim() != 2
+            or input_ids.device.type != "cpu"
+            or 0 in input_ids.shape
+            or (attention_mask is not None and type(attention_mask) is not Tensor)
+        ):
+            return None
+        batch, sequence = input_ids.shape
+        limit = self.model.config.max_position_embeddings
+        shape = (_bucket(batch, BATCH_BUCKETS), _bucket(sequence, tuple(s for s in SEQUENCE_BUCKETS if s <= limit)))
+        real = batch * sequence if attention_mask is None else int(attention_mask.count_nonzero())
+        return shape if real >= MIN_FILL * shape[0] * shape[1] else None
+
+    def _refresh(self) -> None:
+        """Build the int8 forms of parameters that changed since the last call, and compile anew if any did."""
+        key = tuple(weight_key(parameter) for parameter in self.model.parameters())
+        if key == self._parameters_key:
+            return
+        for module in self.model.modules():
+            if isinstance(module, CachedForm) and not module.is_current and module.can_build():
+                module.rebuild()
+        if self._parameters_key is not None:
+            self._generation += 1
+        self._parameters_key = key
+
+    def __getstate__(self) -> dict:
+        # A copy compiles its own graphs.
+        return {**self.__dict__, "compiled": {}, "_parameters_key": None, "_compiled": None}
+
+
+_FORWARD = inspect.signature(BertModel.forward)
+
+
+def _or(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
+
+
+def _bucket(size: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket holding `size`, or `size` itself beyond the last (a shape of its own)."""
+    return next((bucket for bucket in buckets if size <= bucket), size)
+
+
+def _pad_inputs(
+    shape: tuple[int, int],
+    pad_token_id: int | None,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    position_ids: Tensor | None,
+) -> tuple[Tensor | None, ...]:
+    """The inputs padded on the right and at the bottom to `shape`, the added positions masked out."""
+    batch, sequence = input_ids.shape
+    if shape == (batch, sequence):
+        return input_ids, attention_mask, token_type_ids, position_ids
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+
+    def pad(tensor: Tensor | None, value: int) -> Tensor | None:
+        if tensor is None:
+            return None
+        rows = shape[0] if tensor.shape[0] == batch else tensor.shape[0]  # position_ids may be (1, sequence)
+        padded = tensor.new_full((rows, shape[1]), value)
+        padded[: tensor.shape[0], :sequence] = tensor
+        return padded
+
+    return pad(input_ids, pad_token_id or 0), pad(attention_mask, 0), pad(token_type_ids, 0), pad(position_ids, 0)
+
+
+class _Forward(nn.Module):
+    """The model as a submodule, so that freezing folds its parameters and int8 forms into the compiled graph (the
+    parameters of a module passed as an argument would be graph inputs)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        generation: int,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor | None,
+        output_hidden_states: bool,
+    ) -> BertModelOutput:
+        # `generation` is an int under dynamic=False: dynamo guards on its value, so a new one compiles a new graph.
+        del generation
+        return type(self.model).forward(
+            self.model,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+
+
+def _cut(output: BertModelOutput, batch: int, sequence: int, attention_mask: Tensor | None, model: nn.Module):
+    """The outputs of the padded call cut back to the call's shape; pad positions zero where the eager model would
+    have run padding-free (right padding, `model.padding_free`), as its outputs are."""
+    zero = None
+    if attention_mask is not None and model.padding_free:
+        real = attention_mask != 0
+        if bool(real[:, 0].all()) and not bool(real.all()):
+            zero = ~real[:, :, None]
+
+    def cut(states: Tensor) -> Tensor:
+        states = states[:batch, :sequence]
+        return states.masked_fill(zero, 0.0) if zero is not None else states.contiguous()
+
+    return BertModelOutput(
+        last_hidden_state=cut(output.last_hidden_state),
+        pooler_output=None if output.pooler_output is None else output.pooler_output[:batch].contiguous(),
+        hidden_states=None if output.hidden_states is None else tuple(map(cut, output.hidden_states)),
+        attentions=None,
+    )
+
+
+def compile_forward(model: nn.Module) -> None:
+    """Make `model`'s plain inference calls run compiled (module docstring); `model` is a `BertModel`."""
+    if not isinstance(model, BertModel):
+        raise TypeError(f"compile=True runs hfbert's BertModel (or a head model around it), not {type(model).__name__}")
+    check_compiler()
+    model.forward = CompiledForward(model)
+
+
+def uncompile(model: nn.Module) -> None:
+    """Give `model` its class's forward again."""
+    if isinstance(model.__dict__.get("forward"), CompiledForward):
+        del model.forward
+
+
+def compile_report(model: nn.Module) -> dict[tuple, float]:
+    """(batch, sequence, inputs given, generation) -> seconds its first call took (compiling included), for every
+    shape `model`'s backbone compiled; empty where it runs eager."""
+    forward = getattr(model, "backbone", model).__dict__.get("forward")
+    return dict(forward.compiled) if isinstance(forward, CompiledForward) else {}
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether `model`'s backbone runs the compiled path (`optimize_for_inference(..., compile=True)`)."""
+    return isinstance(getattr(model, "backbone", model).__dict__.get("forward"), CompiledForward)
+
+
+def padded_shape(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[int, int] | None:
+    """The (batch, sequence) a no-grad inference call with these inputs runs compiled at; None where it runs the
+    eager model (mostly padding, or `model` not compiled)."""
+    forward = getattr(model, "backbone", model).__dict__.get("forward")
+    if not isinstance(forward, CompiledForward):
+        return None
+    with torch.no_grad():
+        return forward._shape(input_ids, attention_mask, None, False)
