@@ -123,9 +123,13 @@ def test_compiled_int8_matches_transformers_as_the_eager_int8_model_does():
         output = model(**inputs)
         as_tuple = model(**inputs, return_dict=False)
         with_states = model(**inputs, output_hidden_states=True)
+        positions = torch.arange(14)
+        with_positions = model(**inputs, position_ids=positions)  # (sequence,), padded as (1, sequence)
+        expected_positions = reference(**inputs, position_ids=positions[None]).last_hidden_state
     assert set(compile_report(model)) == {
         (2, 16, (True, False, False, False), 0),
         (2, 16, (True, False, False, True), 0),
+        (2, 16, (True, False, True, False), 0),
     }
     real = inputs["attention_mask"].bool()
     assert output.last_hidden_state.shape == (2, 14, 256) and output.pooler_output.shape == (2, 256)
@@ -138,6 +142,7 @@ def test_compiled_int8_matches_transformers_as_the_eager_int8_model_does():
         <= 1.2 * relative_rms(eager.pooler_output, expected.pooler_output) + 1e-4
     )
     assert torch.equal(as_tuple[0], output.last_hidden_state) and torch.equal(as_tuple[1], output.pooler_output)
+    assert relative_rms(with_positions.last_hidden_state[real], expected_positions[real]) <= 1.2 * eager_error + 1e-4
     assert len(with_states.hidden_states) == 3
     for states, exact in zip(with_states.hidden_states, expected.hidden_states, strict=True):
         assert states.shape == (2, 14, 256) and torch.equal(states[~real], torch.zeros(2, 256))
@@ -159,7 +164,10 @@ def test_changed_weights_compile_anew():
             network.encoder.layer[0].intermediate.dense.weight.mul_(3)
         after = model(**inputs).last_hidden_state
         expected = reference(**inputs).last_hidden_state
+        # An all-ones mask is dropped, as the eager model drops it: the same graph runs.
+        masked = model(**inputs, attention_mask=torch.ones(1, 16, dtype=torch.long)).last_hidden_state
     assert [key[-1] for key in compile_report(model)] == [0, 1]
+    assert torch.equal(masked, after)
     assert relative_rms(after, expected) < 0.05 < relative_rms(before, expected)
 
 

@@ -188,6 +188,8 @@ def _pad_inputs(
     """The inputs padded on the right and at the bottom to `shape`, the added positions masked out."""
     batch, sequence = input_ids.shape
     if shape == (batch, sequence):
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # as the eager model drops it: attention without a mask (one graph fewer)
         return input_ids, attention_mask, token_type_ids, position_ids
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -195,6 +197,8 @@ def _pad_inputs(
     def pad(tensor: Tensor | None, value: int) -> Tensor | None:
         if tensor is None:
             return None
+        if tensor.dim() == 1:  # position_ids (sequence,)
+            tensor = tensor[None]
         rows = shape[0] if tensor.shape[0] == batch else tensor.shape[0]  # position_ids may be (1, sequence)
         padded = tensor.new_full((rows, shape[1]), value)
         padded[: tensor.shape[0], :sequence] = tensor
