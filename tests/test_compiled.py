@@ -198,3 +198,19 @@ def test_compiled_int8_minilm_embeddings_keep_the_int8_accuracy():
     assert error <= 1.2 * eager_error, (error, eager_error)
     cosines = torch.cat([F.cosine_similarity(a.mean(1), b.mean(1)) for a, b in zip(compiled, expected, strict=True)])
     assert cosines.min() >= 0.9745 and cosines.mean() >= 0.9957, (cosines.min(), cosines.mean())
+
+
+@pytest.mark.slow  # torch.compile of a small model
+@int8
+@compiler
+def test_a_users_torch_compile_of_a_compiled_model_traces_the_plain_computation():
+    """As for every optimized model: the user's compiler sees the fp32 computation (the oneDNN ops are invisible to
+    it), which then matches transformers fp32 closely, not within int8's error only."""
+    model, reference = small_pair(seed=2)
+    hfbert.optimize_for_inference(model, quantize="int8", compile=True)
+    inputs = dict(input_ids=torch.randint(1000, 20000, (1, 16)))
+    with torch.no_grad():
+        output = torch.compile(model, backend="aot_eager")(**inputs).last_hidden_state
+        expected = reference(**inputs).last_hidden_state
+    assert (output - expected).abs().max() <= 1e-4
+    assert compile_report(model) == {}

@@ -131,6 +131,8 @@ class CompiledForward:
         """The bucket shape this call runs compiled at, or None where it runs the eager model."""
         if (
             self.model.training
+            or torch.compiler.is_compiling()  # a user's torch.compile of the model traces the plain computation
+            or torch.jit.is_tracing()
             or torch.is_grad_enabled()
             or torch.is_autocast_enabled("cpu")
             or attentions

@@ -14,7 +14,8 @@ Three modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-c
 - fp32, `precision="high"`: the fast mode of `fused.py`, at most 3x transformers' error: query, key and value in
   one product, GELU and the residual add as oneDNN post-ops, whole-width packed weights.
 - `quantize="int8"`: `Int8Linear` and `Int8SelfAttention` (query, key and value in one product; `int8.py`): int8
-  weights, activations quantized per token at run time, lossy by design (docs/cpu-inference.md measures it).
+  weights, activations quantized per token at run time, lossy by design (docs/cpu-inference.md measures it);
+  with `compile=True`, its forward runs under torch.compile on a few padded shapes (`compiled.py`).
 
 Which kernel is faster depends on the CPU and on the rows per product (oneDNN's packed product beats MKL's sgemm at
 few rows and on AVX-512, and loses to it on Zen 3's AVX2 at many): in the fp32 modes every candidate layer or block
@@ -25,7 +26,8 @@ model is never slower than the plain one. `kernels="always"` runs the kernels ev
 The swap is the way torchao's `quantize_` and transformers' quantizers work: the model's own modules are replaced,
 its parameters are not. The same Parameter objects stay in place (an optimizer made before keeps training them,
 `requires_grad` flags are kept), `parameters()`, `num_parameters()`, `state_dict()` and `save_pretrained()` are
-what they were, bit for bit, and training, gradients, torch.compile and tracing run the plain computation.
+what they were, bit for bit, and training, gradients, torch.compile and tracing run the plain computation (a user's
+torch.compile; `compile=True`, `compiled.py`, compiles the int8 kernels themselves).
 `restore_weights(model)` swaps the model's own modules back. The packed copy of a weight loaded from safetensors
 replaces it in memory where only the kernel reads it: its file-backed pages are let go (`release_resident_pages`).
 

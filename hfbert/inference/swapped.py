@@ -7,7 +7,8 @@ were: the same Parameter objects, their `requires_grad`, their values, their pla
 `state_dict()`. Parameters changed since the form was built (an optimizer step, `load_state_dict`, `.to()`) get a new
 form at the next inference call, and every call that is not plain CPU inference (gradients asked for, torch.compile,
 tracing, autocast, a dtype or device the form does not run) takes the plain computation on the parameters, as the
-model's own module does. The subclasses say which parameters they support, how they build the form and run it.
+model's own module does; only hfbert's own compiled path (`compiled.py`, inside `kernels_traced`) compiles the
+kernels. The subclasses say which parameters they support, how they build the form and run it.
 """
 
 from __future__ import annotations
