@@ -80,7 +80,7 @@ class CompiledForward:
     theirs): pads the call to a bucket shape and runs the compiled forward, or runs the eager one."""
 
     model: nn.Module
-    compiled: dict[tuple, float] = field(default_factory=dict)  # (batch, sequence, variant) -> seconds to compile
+    compiled: dict[tuple, float] = field(default_factory=dict)  # `compile_report`'s keys -> seconds
     _generation: int = 0  # bumped when parameters change: a new value is a new compiled graph
     _parameters_key: tuple | None = None
     _compiled: Any = None  # the compiled `_Forward`, made at the first compiled call
@@ -261,36 +261,44 @@ def _cut(output: BertModelOutput, batch: int, sequence: int, attention_mask: Ten
 
 
 def compile_forward(model: nn.Module) -> None:
-    """Make `model`'s plain inference calls run compiled (module docstring); `model` is a `BertModel`."""
-    if not isinstance(model, BertModel):
+    """Make the plain inference calls of `model` (a `BertModel`, or a head model around one: its backbone) run
+    compiled (module docstring)."""
+    backbone = getattr(model, "backbone", model)
+    if not isinstance(backbone, BertModel):
         raise TypeError(f"compile=True runs hfbert's BertModel (or a head model around it), not {type(model).__name__}")
     check_compiler()
-    model.forward = CompiledForward(model)
+    backbone.forward = CompiledForward(backbone)
 
 
 def uncompile(model: nn.Module) -> None:
-    """Give `model` its class's forward again."""
-    if isinstance(model.__dict__.get("forward"), CompiledForward):
-        del model.forward
+    """Give `model`'s backbone its class's forward again."""
+    if _wrapper(model) is not None:
+        del getattr(model, "backbone", model).forward
+
+
+def _wrapper(model: nn.Module) -> CompiledForward | None:
+    """The compiled forward of `model`'s backbone, or None where it runs its class's."""
+    forward = getattr(model, "backbone", model).__dict__.get("forward")
+    return forward if isinstance(forward, CompiledForward) else None
 
 
 def compile_report(model: nn.Module) -> dict[tuple, float]:
     """(batch, sequence, inputs given, generation) -> seconds its first call took (compiling included), for every
     shape `model`'s backbone compiled; empty where it runs eager."""
-    forward = getattr(model, "backbone", model).__dict__.get("forward")
-    return dict(forward.compiled) if isinstance(forward, CompiledForward) else {}
+    forward = _wrapper(model)
+    return {} if forward is None else dict(forward.compiled)
 
 
 def is_compiled(model: nn.Module) -> bool:
     """Whether `model`'s backbone runs the compiled path (`optimize_for_inference(..., compile=True)`)."""
-    return isinstance(getattr(model, "backbone", model).__dict__.get("forward"), CompiledForward)
+    return _wrapper(model) is not None
 
 
 def padded_shape(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[int, int] | None:
     """The (batch, sequence) a no-grad inference call with these inputs runs compiled at; None where it runs the
     eager model (mostly padding, or `model` not compiled)."""
-    forward = getattr(model, "backbone", model).__dict__.get("forward")
-    if not isinstance(forward, CompiledForward):
+    forward = _wrapper(model)
+    if forward is None:
         return None
     with torch.no_grad():
         return forward._shape(input_ids, attention_mask, None, False)

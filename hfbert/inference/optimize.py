@@ -119,7 +119,7 @@ def optimize_for_inference(
                 lambda name, layer: Int8Linear.from_linear(layer),
             )
             if compile:
-                compile_forward(getattr(model, "backbone", model))
+                compile_forward(model)
         return model
     if precision == "high" and packing_supported(torch.float32):
         blocks = _fused_blocks(model)
@@ -167,7 +167,7 @@ def _fused_blocks(model: nn.Module) -> list[str]:
 def restore_weights(model: nn.Module) -> nn.Module:
     """Undo `optimize_for_inference`: every swapped layer is a plain `nn.Linear` again, with the same parameters,
     and the forward the class's own (not compiled)."""
-    uncompile(getattr(model, "backbone", model))
+    uncompile(model)
     swapped = [name for name, module in model.named_modules() if isinstance(module, InferenceLinear)]
     _swap(model, swapped, lambda name, layer: layer.to_linear())
     fused = [name for name, module in model.named_modules() if isinstance(module, FusedBlock)]
