@@ -22,9 +22,9 @@ import torch.nn.functional as F
 import hfbert
 import hfbert.inference.int8
 from hfbert.inference import packed_layers
+from hfbert.inference.fused import FusedSelfAttention as Int8SelfAttention  # int8 attention: the int8 kernel's
 from hfbert.inference.int8 import (
     STEPS,
-    Int8SelfAttention,
     dequantize_weight,
     int8_available,
     int8_linear,

@@ -1,17 +1,39 @@
 """The inference floor: speed applied to a built model from outside, by swapping its modules.
 
-- `optimize.py`: `optimize_for_inference(model)` and `restore_weights(model)`, the entry points;
+- `optimize.py`: `optimize_for_inference(model)`, its table of modes, `restore_weights(model)`, `packed_layers` and
+  `inference_mode_of` (what was applied);
 - `measured.py`: which kernel is faster here, timed once per process, shape and row count;
-- `swapped.py`: the cache of a parameter's faster form that every swapped module shares;
-- `packed.py`: `PackedLinear`, an `nn.Linear` whose CPU inference runs on weights packed once for oneDNN;
-- `fused.py`: the fast fp32 mode (precision="high"): attention, feed-forward and output blocks fused;
-- `int8.py`: `Int8Linear` and the int8 kernels (int8 weights, activations quantized per token);
+- `swapped.py`: the one swap protocol (same parameters, build then swap, restore), the one per-call gate "kernel or
+  plain", the form's cache that follows the parameters, `refresh(model)`;
+- `onednn.py`: torch's private oneDNN ops, looked up defensively;
+- `packed.py`: the fp32 oneDNN products (blocked and whole-width kernels) and `PackedLinear`;
+- `int8.py`: the int8 product (int8 weights, activations quantized per token), its kernel and `Int8Linear`;
+- `fused.py`: blocks computed as one product, each taking its projection's kernel as a value (the fast fp32 mode;
+  int8 attention is its attention block with the int8 kernel);
 - `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes;
 - `allocator.py`: keep freed activation memory in the process between forwards.
 
 `hfbert.modeling` never imports this floor: the model is plain PyTorch, and nothing here changes its parameters.
 """
 
-from hfbert.inference.optimize import ACCURACY_BOUNDS, optimize_for_inference, packed_layers, restore_weights
+from hfbert.inference.optimize import (
+    ACCURACY_BOUNDS,
+    MODES,
+    AppliedMode,
+    inference_mode_of,
+    optimize_for_inference,
+    packed_layers,
+    restore_weights,
+)
+from hfbert.inference.swapped import refresh
 
-__all__ = ["ACCURACY_BOUNDS", "optimize_for_inference", "packed_layers", "restore_weights"]
+__all__ = [
+    "ACCURACY_BOUNDS",
+    "MODES",
+    "AppliedMode",
+    "inference_mode_of",
+    "optimize_for_inference",
+    "packed_layers",
+    "refresh",
+    "restore_weights",
+]

@@ -30,16 +30,19 @@ far and the seconds each took.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-from hfbert.inference.swapped import CachedForm, kernels_traced, weight_key
+from hfbert.inference.swapped import Swapped, hooked, swapped_modules, weight_key
 from hfbert.modeling.inputs import check_inputs
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.outputs import BertModelOutput
@@ -77,7 +80,8 @@ def check_compiler() -> str:
 @dataclass(eq=False, repr=False)
 class CompiledForward:
     """What replaces a `BertModel`'s forward (an instance attribute, so that the class and every other model keep
-    theirs): pads the call to a bucket shape and runs the compiled forward, or runs the eager one."""
+    theirs): runs the model's own forward, compiled on the call's tensors padded to a bucket shape and then cut back,
+    or eager where the compiled graph does not cover the call."""
 
     model: nn.Module
     compiled: dict[tuple, float] = field(default_factory=dict)  # `compile_report`'s keys -> seconds
@@ -86,32 +90,26 @@ class CompiledForward:
     _compiled: Any = None  # the compiled `_Forward`, made at the first compiled call
 
     def __call__(self, *args: Any, **kwargs: Any) -> BertModelOutput | tuple[Tensor, ...]:
-        """`BertModel.forward`'s arguments (bound by its signature, so that every call means what it does there)."""
-        model, config = self.model, self.model.config
-        call = _FORWARD.bind(model, *args, **kwargs)
-        call.apply_defaults()
-        given = call.arguments
-        input_ids, attention_mask, inputs_embeds = given["input_ids"], given["attention_mask"], given["inputs_embeds"]
-        token_type_ids, position_ids = given["token_type_ids"], given["position_ids"]
-        arguments = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        hidden = _or(given["output_hidden_states"], config.output_hidden_states)
-        shape = self._shape(
-            input_ids, attention_mask, inputs_embeds, _or(given["output_attentions"], config.output_attentions)
-        )
+        """`BertModel.forward`'s arguments; bound by its signature only to find the tensors to pad."""
+        model = self.model
+        given = _FORWARD.bind(model, *args, **kwargs).arguments
+        shape = self._shape(given)
         if shape is None:
-            return type(model).forward(*call.args, **call.kwargs)
+            return type(model).forward(model, *args, **kwargs)
+        tensors = {name: given.get(name) for name in _PADDED}
         # Every value the compiled graph reads is checked eagerly first: the errors are the eager model's.
-        check_inputs(config, model.device, *arguments, dtype=model.dtype)
-        self._refresh()
-        batch, sequence = input_ids.shape
-        padded = _pad_inputs(shape, config.pad_token_id, input_ids, attention_mask, token_type_ids, position_ids)
-        variant = tuple(tensor is not None for tensor in padded[1:]) + (hidden,)
+        check_inputs(model.config, model.device, *tensors.values(), None, dtype=model.dtype)
+        swapped = self._refresh()
+        padded = _pad_inputs(shape, model.config.pad_token_id, **tensors)
+        options = {"output_hidden_states": given.get("output_hidden_states"), "output_attentions": False}
+        hidden = _or(options["output_hidden_states"], model.config.output_hidden_states)
+        variant = tuple(padded[name] is not None for name in _PADDED[1:]) + (hidden,)
         started = time.perf_counter()
         # Freezing as a config patch: torch.compile's options={"freezing": True} leaves the int8 forms graph inputs,
         # which inductor's int8 lowering refuses (it needs the packed weights as constants).
         with (
             torch.no_grad(),
-            kernels_traced(),
+            _kernels_traced(swapped),
             torch._inductor.config.patch(freezing=True),
             torch._dynamo.config.patch(
                 recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4
@@ -119,48 +117,53 @@ class CompiledForward:
         ):
             if self._compiled is None:
                 self._compiled = torch.compile(_Forward(model), dynamic=False)
-            output = self._compiled(self._generation, *padded, hidden)
+            output = self._compiled(self._generation, {**padded, **options})
         if (*shape, variant, self._generation) not in self.compiled:
             self.compiled[(*shape, variant, self._generation)] = time.perf_counter() - started
-        output = _cut(output, batch, sequence, attention_mask, model)
-        return output if given["return_dict"] is not False else output.to_tuple()
+        output = _cut(output, *given["input_ids"].shape, given.get("attention_mask"), model)
+        return output if given.get("return_dict") is not False else output.to_tuple()
 
-    def _shape(
-        self, input_ids: Tensor | None, attention_mask: Tensor | None, inputs_embeds: Tensor | None, attentions: bool
-    ) -> tuple[int, int] | None:
+    def _shape(self, given: dict[str, Any]) -> tuple[int, int] | None:
         """The bucket shape this call runs compiled at, or None where it runs the eager model."""
+        model = self.model
+        input_ids, attention_mask = given.get("input_ids"), given.get("attention_mask")
         if (
-            self.model.training
+            model.training
             or torch.compiler.is_compiling()  # a user's torch.compile of the model traces the plain computation
             or torch.jit.is_tracing()
             or torch.is_grad_enabled()
             or torch.is_autocast_enabled("cpu")
-            or attentions
-            or inputs_embeds is not None
+            or _or(given.get("output_attentions"), model.config.output_attentions)
+            or given.get("inputs_embeds") is not None
             or type(input_ids) is not Tensor
             or input_ids.dim() != 2
             or input_ids.device.type != "cpu"
             or 0 in input_ids.shape
             or (attention_mask is not None and type(attention_mask) is not Tensor)
+            # A hook inside (added before or after compiling) must run, and see its module's own call.
+            or hooked(module for module in model.modules() if module is not model)
         ):
             return None
         batch, sequence = input_ids.shape
-        limit = self.model.config.max_position_embeddings
+        limit = model.config.max_position_embeddings
         shape = (_bucket(batch, BATCH_BUCKETS), _bucket(sequence, tuple(s for s in SEQUENCE_BUCKETS if s <= limit)))
         real = batch * sequence if attention_mask is None else int(attention_mask.count_nonzero())
         return shape if real >= MIN_FILL * shape[0] * shape[1] else None
 
-    def _refresh(self) -> None:
-        """Build the int8 forms of parameters that changed since the last call, and compile anew if any did."""
+    def _refresh(self) -> list[Swapped]:
+        """Build the forms of parameters that changed since the last call, and compile anew if any did; returns the
+        model's swapped modules."""
+        swapped = swapped_modules(self.model)
         key = tuple(weight_key(parameter) for parameter in self.model.parameters())
-        if key == self._parameters_key:
-            return
-        for module in self.model.modules():
-            if isinstance(module, CachedForm) and not module.is_current and module.can_build():
-                module.rebuild()
+        stale = [module for module in swapped if module.is_stale]
+        if key == self._parameters_key and not stale:
+            return swapped
+        for module in stale:
+            module.rebuild()
         if self._parameters_key is not None:
             self._generation += 1
         self._parameters_key = key
+        return swapped
 
     def __getstate__(self) -> dict:
         # A copy compiles its own graphs.
@@ -168,6 +171,21 @@ class CompiledForward:
 
 
 _FORWARD = inspect.signature(BertModel.forward)
+_PADDED = ("input_ids", "attention_mask", "token_type_ids", "position_ids")  # the tensors a compiled call pads
+
+
+@contextlib.contextmanager
+def _kernels_traced(modules: list[Swapped]) -> Iterator[None]:
+    """Inside, torch.compile traces these modules' kernels (their forms are built) instead of the plain
+    computation: a flag of this model's modules, for this call only, so that a user's torch.compile of this model,
+    or of any other, still traces the plain computation."""
+    for module in modules:
+        module.__dict__["_trace_kernels"] = True
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.__dict__.pop("_trace_kernels", None)
 
 
 def _or(value: bool | None, default: bool) -> bool:
@@ -186,13 +204,15 @@ def _pad_inputs(
     attention_mask: Tensor | None,
     token_type_ids: Tensor | None,
     position_ids: Tensor | None,
-) -> tuple[Tensor | None, ...]:
+) -> dict[str, Tensor | None]:
     """The inputs padded on the right and at the bottom to `shape`, the added positions masked out."""
     batch, sequence = input_ids.shape
     if shape == (batch, sequence):
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # as the eager model drops it: attention without a mask (one graph fewer)
-        return input_ids, attention_mask, token_type_ids, position_ids
+        return dict(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids
+        )
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
 
@@ -206,7 +226,12 @@ def _pad_inputs(
         padded[: tensor.shape[0], :sequence] = tensor
         return padded
 
-    return pad(input_ids, pad_token_id or 0), pad(attention_mask, 0), pad(token_type_ids, 0), pad(position_ids, 0)
+    return dict(
+        input_ids=pad(input_ids, pad_token_id or 0),
+        attention_mask=pad(attention_mask, 0),
+        token_type_ids=pad(token_type_ids, 0),
+        position_ids=pad(position_ids, 0),
+    )
 
 
 class _Forward(nn.Module):
@@ -217,55 +242,43 @@ class _Forward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(
-        self,
-        generation: int,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        token_type_ids: Tensor | None,
-        position_ids: Tensor | None,
-        output_hidden_states: bool,
-    ) -> BertModelOutput:
+    def forward(self, generation: int, arguments: dict[str, Any]) -> BertModelOutput:
         # `generation` is an int under dynamic=False: dynamo guards on its value, so a new one compiles a new graph.
         del generation
-        return type(self.model).forward(
-            self.model,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+        return type(self.model).forward(self.model, **arguments, return_dict=True)
 
 
 def _cut(output: BertModelOutput, batch: int, sequence: int, attention_mask: Tensor | None, model: nn.Module):
-    """The outputs of the padded call cut back to the call's shape; pad positions zero where the eager model would
-    have run padding-free (right padding, `model.padding_free`), as its outputs are."""
+    """The outputs of the padded call cut back to the call's (batch, sequence); pad positions zero where the eager
+    model would have run padding-free (right padding, `model.padding_free`), as its outputs are."""
     zero = None
     if attention_mask is not None and model.padding_free:
         real = attention_mask != 0
         if bool(real[:, 0].all()) and not bool(real.all()):
             zero = ~real[:, :, None]
 
-    def cut(states: Tensor) -> Tensor:
-        states = states[:batch, :sequence]
-        return states.masked_fill(zero, 0.0) if zero is not None else states.contiguous()
+    def cut(tensor: Tensor) -> Tensor:
+        if tensor.dim() != 3:  # the pooler's (batch, hidden)
+            return tensor[:batch].contiguous()
+        tensor = tensor[:batch, :sequence]
+        return tensor.masked_fill(zero, 0.0) if zero is not None else tensor.contiguous()
 
-    return BertModelOutput(
-        last_hidden_state=cut(output.last_hidden_state),
-        pooler_output=None if output.pooler_output is None else output.pooler_output[:batch].contiguous(),
-        hidden_states=None if output.hidden_states is None else tuple(map(cut, output.hidden_states)),
-        attentions=None,
-    )
+    return pytree.tree_map(cut, output)
+
+
+def compile_target(model: nn.Module) -> BertModel:
+    """The `BertModel` whose forward `compile_forward(model)` compiles: `model` or its backbone; TypeError for any
+    other model, before anything changes."""
+    backbone = getattr(model, "backbone", model)
+    if not isinstance(backbone, BertModel):
+        raise TypeError(f"compile=True runs hfbert's BertModel (or a head model around it), not {type(model).__name__}")
+    return backbone
 
 
 def compile_forward(model: nn.Module) -> None:
     """Make the plain inference calls of `model` (a `BertModel`, or a head model around one: its backbone) run
     compiled (module docstring)."""
-    backbone = getattr(model, "backbone", model)
-    if not isinstance(backbone, BertModel):
-        raise TypeError(f"compile=True runs hfbert's BertModel (or a head model around it), not {type(model).__name__}")
+    backbone = compile_target(model)
     check_compiler()
     backbone.forward = CompiledForward(backbone)
 
@@ -301,4 +314,4 @@ def padded_shape(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | N
     if forward is None:
         return None
     with torch.no_grad():
-        return forward._shape(input_ids, attention_mask, None, False)
+        return forward._shape(dict(input_ids=input_ids, attention_mask=attention_mask))

@@ -11,16 +11,18 @@ where the default is held to 1.5x. The error comes from oneDNN's products, which
 dimension in one chain (about 2x sgemm's error per product; `packed.py` says why the default cuts it in blocks).
 
 Three blocks of each layer are swapped, the module tree and parameters staying what they were (`query`, `key`,
-`value`, `dense` and `LayerNorm` are the same modules, so the state dict is unchanged):
+`value`, `dense` and `LayerNorm` are the same modules, so the state dict is unchanged). Each block takes the kernel
+of its product as a value (`swapped.Kernel`): `packed.WHOLE` here, `int8.INT8` for the int8 model's attention.
 
-- `FusedSelfAttention`: query, key and value in one product (hidden -> 3 x hidden) on one packed weight;
+- `FusedSelfAttention`: query, key and value in one product (hidden -> 3 x hidden) on one packed (or int8) weight;
 - `FusedIntermediate`: the feed-forward product on a packed weight, GELU (erf) as oneDNN's post-op or after it;
 - `FusedResidualOutput`: the output product with the residual added as oneDNN's post-op or after it, then LayerNorm.
 
 Each block's ways of computing it (the plain one first) are timed here at a few row counts (`measured.py`), and a
 call runs the fastest for its row count: the plain computation wherever the fused one does not win. Training,
-gradients, autocast, torch.compile and tracing always run the plain computation, on the model's own parameters; the
-packed weights are a cache of them (`swapped.CachedForm`), rebuilt when they change.
+gradients, autocast, torch.compile, tracing, hooks on the projections and projections that are not plain `nn.Linear`
+(PEFT's LoRA wrappers) run the plain computation, on the model's own parameters (`swapped.Swapped.kernel_way`); the
+packed weights are a cache of them, rebuilt when they change.
 """
 
 from __future__ import annotations
@@ -31,94 +33,63 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfbert.inference.measured import Candidate, bucket
-from hfbert.inference.packed import _ops, can_pack
-from hfbert.inference.swapped import CachedForm, plain_inference_call
+from hfbert.inference.measured import Candidate
+from hfbert.inference.packed import WHOLE, pack_whole, packed_product, packed_product_add
+from hfbert.inference.swapped import Swapped
 from hfbert.modeling.model import BertIntermediate, BertResidualOutput, BertSelfAttention
-
-
-def pack_whole(weight: Tensor) -> Tensor:
-    """`weight` (out x in) in oneDNN's blocked layout, the whole inner dimension at once."""
-    return _ops()[1](weight.detach().contiguous())
-
-
-def packed_product(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str = "none") -> Tensor:
-    """(rows, in) x packed (out x in) + bias, with oneDNN's `post_op` ("none", or "gelu": GELU's erf form)."""
-    return _ops()[0](rows, packed, bias, post_op, [], "none" if post_op == "gelu" else "")
-
-
-def packed_product_add(rows: Tensor, packed: Tensor, bias: Tensor | None, other: Tensor) -> Tensor:
-    """(rows, in) x packed + bias + other, the addition as oneDNN's binary post-op."""
-    return _ops()[0].binary(rows, other, packed, bias, "add")
 
 
 def _random(*shape: int) -> Tensor:
     return torch.randn(*shape) * 0.02
 
 
-class FusedBlock(CachedForm):
-    """What the three fused blocks share: the swap in and out, the choice of computation per row count, and when
-    the fused one may run at all."""
+class FusedBlock(Swapped):
+    """What the three fused blocks share: their product's kernel (`packed.WHOLE` unless given another), and the
+    linear layers the product replaces (`inner_modules`: the gate runs the plain block where they are hooked or
+    wrapped)."""
 
-    plain_class: type[nn.Module]
-    _choice: tuple[int, ...] = (1, 1, 1)  # per `measured.ROW_BUCKETS`: 0 runs the plain block, others a fused way
+    kernel = WHOLE
 
     @classmethod
-    def from_block(cls, block: nn.Module, choice: tuple[int, ...]) -> FusedBlock:
-        fused = cls.__new__(cls)
-        fused.__dict__.update(_block_state(block))
-        fused._choice = choice
-        fused._keep_pages = 0 in choice
-        if any(choice):
-            fused.rebuild()
-        return fused
+    def from_block(cls, block: nn.Module, choice: tuple[int, ...], **attributes: Any) -> FusedBlock:
+        """`swap_in` for a block, with its measured `choice` per row count."""
+        return cls.swap_in(block, _choice=choice, **attributes)
 
     def to_block(self) -> nn.Module:
         """The model's own block again, with the same modules and parameters."""
-        block = self.plain_class.__new__(self.plain_class)
-        block.__dict__.update(_block_state(self))
-        return block
+        return self.swap_out()
 
-    def can_build(self) -> bool:
-        """fp32 weights oneDNN can pack here, fp32 biases (or none)."""
-        parameters = [parameter for parameter in self.form_parameters() if parameter is not None]
-        return all(
-            parameter.dtype == torch.float32 and parameter.device.type == "cpu" for parameter in parameters
-        ) and all(can_pack(parameter) for parameter in parameters if parameter.dim() == 2)
+    def form_parameters(self) -> tuple[Tensor | None, ...]:
+        return tuple(tensor for layer in self.inner_modules() for tensor in (layer.weight, layer.bias))
 
-    def _way(self, input: Tensor, in_features: int) -> int:
-        """Which computation this call runs: 0 (the plain block) unless a fused one was measured faster for its row
-        count and may run here."""
-        if self.training or input.dtype != torch.float32 or not plain_inference_call(input, self.form_parameters()):
-            return 0
-        if _hooked(module for module in self.children() if isinstance(module, nn.Linear)):
-            # A hook on a linear layer inside must see that layer's own call, which only the plain block makes.
-            return 0
-        way = self._choice[bucket(input.numel() // in_features)]
-        if way == 0 or not self._ready():
-            return 0
-        return way
+    def build_form(self) -> Any:
+        return self.kernel.build(*fused_parameters(self.inner_modules()))
+
+    @staticmethod
+    def linears(block: nn.Module) -> tuple[nn.Module, ...]:
+        """The modules of `block` that its fused product computes."""
+        return (block.dense,)
+
+    def inner_modules(self) -> tuple[nn.Module, ...]:
+        return self.linears(self)
 
 
 class FusedSelfAttention(FusedBlock, BertSelfAttention):
     plain_class = BertSelfAttention
 
-    def form_parameters(self) -> tuple[Tensor | None, ...]:
-        return tuple(tensor for layer in self.projections() for tensor in (layer.weight, layer.bias))
+    @staticmethod
+    def linears(block: nn.Module) -> tuple[nn.Module, ...]:
+        return block.query, block.key, block.value
 
-    def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-        return self.query, self.key, self.value
-
-    def build_form(self) -> tuple[Tensor, Tensor]:
-        weight, bias = fused_parameters(self.projections())
-        return pack_whole(weight), bias
+    def projections(self) -> tuple[nn.Module, ...]:
+        return self.linears(self)
 
     def project(self, rows: Tensor) -> Tensor:
-        """(rows, hidden) -> (rows, query | key | value), the three products in one."""
-        return packed_product(rows, *self._form)
+        """(rows, hidden) -> (rows, query | key | value), the three products in one, by the block's kernel."""
+        return self.kernel.run(rows, self._form)
 
     def forward(self, hidden_states: Tensor, batch: Any) -> tuple[Tensor, Tensor | None]:
-        if not self._way(hidden_states, self.query.in_features):
+        if not self.kernel_way(hidden_states):
             return super().forward(hidden_states, batch)
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
         projected = self.project(rows).view(*hidden_states.shape[:-1], -1)
@@ -148,14 +119,8 @@ class FusedSelfAttention(FusedBlock, BertSelfAttention):
 class FusedIntermediate(FusedBlock, BertIntermediate):
     plain_class = BertIntermediate
 
-    def form_parameters(self) -> tuple[Tensor | None, ...]:
-        return (self.dense.weight, self.dense.bias)
-
-    def build_form(self) -> tuple[Tensor, Tensor | None]:
-        return pack_whole(self.dense.weight), _bias(self.dense)
-
     def forward(self, hidden_states: Tensor) -> Tensor:
-        way = self._way(hidden_states, self.dense.in_features)
+        way = self.kernel_way(hidden_states)
         if not way:
             return super().forward(hidden_states)
         packed, bias = self._form
@@ -189,14 +154,8 @@ class FusedIntermediate(FusedBlock, BertIntermediate):
 class FusedResidualOutput(FusedBlock, BertResidualOutput):
     plain_class = BertResidualOutput
 
-    def form_parameters(self) -> tuple[Tensor | None, ...]:
-        return (self.dense.weight, self.dense.bias)
-
-    def build_form(self) -> tuple[Tensor, Tensor | None]:
-        return pack_whole(self.dense.weight), _bias(self.dense)
-
     def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
-        way = self._way(hidden_states, self.dense.in_features)
+        way = self.kernel_way(hidden_states)
         if not way or residual.dtype != torch.float32:
             return super().forward(hidden_states, residual)
         packed, bias = self._form
@@ -245,27 +204,13 @@ def block_candidates(block: nn.Module) -> tuple[tuple, list[Candidate]]:
     return ("output", *shape), FusedResidualOutput.candidates(*shape)
 
 
-def _hooked(modules) -> bool:
-    return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks) or any(
-        module._forward_hooks or module._forward_pre_hooks for module in modules
-    )
-
-
 def fused_parameters(layers: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
     """The weights and biases of layers computed as one product, concatenated along their outputs (zeros for a
     layer without a bias)."""
+    if len(layers) == 1:  # no copy of a weight that is packed or quantized at once
+        return layers[0].weight.detach(), _bias(layers[0])
     return torch.cat([layer.weight.detach() for layer in layers]), torch.cat([_bias(layer) for layer in layers])
 
 
 def _bias(layer: nn.Linear) -> Tensor:
     return torch.zeros(layer.out_features) if layer.bias is None else layer.bias.detach()
-
-
-def _block_state(block: nn.Module) -> dict[str, Any]:
-    """A block's state for an instance of its fused or plain class: the same modules, parameters and hooks (in new
-    dicts), no cached form."""
-    return {
-        key: value.copy() if isinstance(value, dict) else value
-        for key, value in block.__dict__.items()
-        if key not in ("_form", "_form_from", "_choice", "_keep_pages")
-    }

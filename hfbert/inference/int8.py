@@ -24,8 +24,9 @@ under it) lowers to. torch's other int8 routes are deprecated (`torch.ao.quantiz
 Without VNNI (AVX2, or AVX-512 before Cascade Lake) x86 adds pairs of uint8 x int8 products into a saturating
 int16 (`vpmaddubsw`): 2 x 255 x 127 overflows it. Where a probe product shows that, weights use [-63, 63]
 (2 x 255 x 63 fits), which costs less accuracy than 7-bit activations (fbgemm's and ONNX Runtime's
-`reduce_range`). Attention's query, key and value projections read the same hidden states: `Int8SelfAttention`
-computes the three in one product (hidden -> 3 x hidden), its input quantized once.
+`reduce_range`). Attention's query, key and value projections read the same hidden states: the int8 model computes
+the three in one product (hidden -> 3 x hidden), its input quantized once: `fused.FusedSelfAttention` with this
+file's kernel, `INT8`.
 
 Why per token: one scale per tensor (ONNX Runtime's `DynamicQuantizeLinear`; oneDNN's kernel would then apply it,
 the bias and GELU itself, a few ops fewer per product) costs real sentence embeddings several times the error. On
@@ -46,20 +47,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfbert.inference.fused import FusedSelfAttention, fused_parameters
+from hfbert.inference.onednn import onednn_ops
 from hfbert.inference.packed import can_pack
-from hfbert.inference.swapped import InferenceLinear
-from hfbert.modeling.cpu import X86
-from hfbert.modeling.model import BertSelfAttention
+from hfbert.inference.swapped import InferenceLinear, Kernel
 
 
-@functools.cache
 def _ops() -> tuple[Any, Any] | None:
-    """oneDNN's int8 weight prepack and product: private ops of torch, so looked up defensively, on first use (not
-    at import); None off x86 or in a torch without them (then int8 is unavailable and hfbert stays fp32)."""
-    prepack = getattr(torch.ops.onednn, "qlinear_prepack", None) if X86 else None
-    product = getattr(torch.ops.onednn, "qlinear_pointwise", None) if X86 else None
-    return None if prepack is None or product is None else (prepack, product)
+    """oneDNN's int8 weight prepack and product, or None where this torch or CPU has none (then int8 is
+    unavailable and hfbert stays fp32)."""
+    return onednn_ops("onednn", "qlinear_prepack", "qlinear_pointwise")
 
 
 def _prepack(*args: Any) -> Tensor:
@@ -226,6 +222,19 @@ def int8_linear(input: Tensor, weight: Int8Weight) -> Tensor:
     return output.view(shape)
 
 
+def supports(weight: Tensor) -> bool:
+    """Whether int8 can run a product with `weight` here: fp32 on the CPU, where `int8_available()`."""
+    return weight.dtype == torch.float32 and can_pack(weight) and int8_available()
+
+
+def _fp32(input: Tensor, weight: Tensor) -> bool:
+    return input.dtype == torch.float32
+
+
+# The int8 modes' kernel: `Int8Linear`'s, and attention's query, key and value in one product (`fused.py`).
+INT8 = Kernel("int8", supports, _fp32, quantize_weight, int8_linear)
+
+
 class Int8Linear(InferenceLinear):
     """`nn.Linear` whose plain CPU inference calls run in int8 (module docstring); everything else, training
     included, runs `F.linear` on the fp32 parameter it keeps.
@@ -234,40 +243,4 @@ class Int8Linear(InferenceLinear):
     keeps the layer's parameters (the same objects) and hooks.
     """
 
-    @staticmethod
-    def supports(weight: Tensor) -> bool:
-        """Whether int8 can run a product with `weight` here: fp32 on the CPU, where `int8_available()`."""
-        return weight.dtype == torch.float32 and can_pack(weight) and int8_available()
-
-    def accepts(self, input: Tensor) -> bool:
-        return input.dtype == torch.float32
-
-    def build_form(self) -> Int8Weight:
-        return quantize_weight(self.weight.detach(), None if self.bias is None else self.bias.detach())
-
-    def run(self, input: Tensor) -> Tensor:
-        return int8_linear(input, self._form)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + ", int8"
-
-
-class Int8SelfAttention(FusedSelfAttention):
-    """BERT's self-attention with query, key and value in one int8 product (hidden -> 3 x hidden): the hidden states
-    quantized once and one kernel call, instead of three of each.
-
-    The three projections stay the block's own `nn.Linear` modules, with their fp32 parameters (the state dict is
-    unchanged, the int8 weight is a cache of the three). Calls that are not plain CPU inference, and calls where a
-    projection carries a hook (it must see its own call), run the plain block, in fp32.
-    """
-
-    plain_class = BertSelfAttention
-
-    def can_build(self) -> bool:
-        return super().can_build() and int8_available()
-
-    def build_form(self) -> Int8Weight:
-        return quantize_weight(*fused_parameters(self.projections()))
-
-    def project(self, rows: Tensor) -> Tensor:
-        return int8_linear(rows, self._form)
+    kernel = INT8

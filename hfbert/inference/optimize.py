@@ -13,9 +13,15 @@ Three modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-c
   transformers' own (at most 1.5x); a bf16 model is packed too on CPUs that compute bf16 natively.
 - fp32, `precision="high"`: the fast mode of `fused.py`, at most 3x transformers' error: query, key and value in
   one product, GELU and the residual add as oneDNN post-ops, whole-width packed weights.
-- `quantize="int8"`: `Int8Linear` and `Int8SelfAttention` (query, key and value in one product; `int8.py`): int8
-  weights, activations quantized per token at run time, lossy by design (docs/cpu-inference.md measures it);
-  with `compile=True`, its forward runs under torch.compile on a few padded shapes (`compiled.py`).
+- `quantize="int8"`: `Int8Linear` (`int8.py`), and attention's query, key and value in one int8 product (the fused
+  block of `fused.py` with the int8 kernel): int8 weights, activations quantized per token at run time, lossy by
+  design (docs/cpu-inference.md measures it); with `compile=True`, its forward runs under torch.compile on a few
+  padded shapes (`compiled.py`).
+
+Each mode is a row of MODES, its steps in order. The arguments are checked in one place, and everything a mode
+needs (a C++ compiler, a model it can compile) before anything changes: a refused call changes nothing, and a call
+that fails while swapping puts every module back. `inference_mode_of(model)` says which mode was applied and,
+where its kernels cannot run on this CPU or on the model's dtype or device, why (the call also warns).
 
 Which kernel is faster depends on the CPU and on the rows per product (oneDNN's packed product beats MKL's sgemm at
 few rows and on AVX-512, and loses to it on Zen 3's AVX2 at many): in the fp32 modes every candidate layer or block
@@ -36,23 +42,30 @@ glibc only): without that, every forward of a large batch faults its activations
 
 Layers whose weight is shared (the masked-LM decoder tied to the word embeddings) and small layers (classifiers)
 stay as they are. Where the kernels cannot run (GPU, fp16/fp64, bf16 on CPUs that emulate it, a torch without
-oneDNN, non-x86 CPUs) nothing is swapped and the model runs as before: `packed_layers(model)` says what was.
+oneDNN, non-x86 CPUs) nothing is swapped, the model runs as before and the call warns: `packed_layers(model)` says
+what was swapped, `inference_mode_of(model)` why nothing was.
+
+The forms follow the parameters (`swapped.py` says how); after writing weights through `.data`, which nothing can
+see, call `refresh(model)`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from hfbert.inference.allocator import keep_freed_memory
-from hfbert.inference.compiled import check_compiler, compile_forward, uncompile
-from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, block_candidates
-from hfbert.inference.int8 import Int8Linear, Int8SelfAttention, int8_available
+from hfbert.inference.compiled import check_compiler, compile_forward, compile_target, uncompile
+from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, FusedSelfAttention, block_candidates
+from hfbert.inference.int8 import INT8, Int8Linear, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
 from hfbert.inference.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, linear_candidates, packing_supported
-from hfbert.inference.swapped import InferenceLinear
+from hfbert.inference.swapped import Swapped
 from hfbert.modeling.model import BertSelfAttention
 
 QUANTIZATIONS = ("int8",)
@@ -65,6 +78,31 @@ KERNEL_CHOICES = ("measured", "always")
 # int8 pays on smaller products than packing does (all-MiniLM-L6-v2's 384 x 384 attention projections), but a
 # classifier's few outputs keep their fp32 weights: they are cheap, and their rounding would land on the logits.
 MIN_INT8_WEIGHTS = 2**16
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way `optimize_for_inference` can make a model fast: its steps, in order, and what it needs here."""
+
+    name: str
+    steps: tuple[Callable[[nn.Module, str], None], ...]  # (model, kernels) -> swaps or compiles, in place
+    available: Callable[[], bool]  # whether this torch build and CPU run its kernels
+    needs: str  # what `available` checks, for the warning where it is False
+    dtypes: tuple[torch.dtype, ...]  # the parameter dtypes its kernels run
+
+
+@dataclass(frozen=True)
+class AppliedMode:
+    """What `optimize_for_inference` applied to a model (`inference_mode_of`)."""
+
+    mode: str  # a name of MODES: "fp32", "fp32 high", "int8", "int8 compiled"
+    kernels: str  # "measured" or "always"
+    swapped: int  # how many layers and blocks run a kernel (at some row counts at least)
+    unavailable: str | None = None  # why its kernels run nowhere in this model, where they cannot
+
+    def __str__(self) -> str:
+        said = f"{self.mode} (kernels={self.kernels!r}): {self.swapped} layers or blocks swapped"
+        return said if self.unavailable is None else f"{said}; {self.unavailable}"
 
 
 def optimize_for_inference(
@@ -86,51 +124,86 @@ def optimize_for_inference(
 
     `compile=True` (with `quantize="int8"`) runs the int8 model's plain inference calls under torch.compile, on a
     few padded shapes (`compiled.py`): faster on short inputs, the same arithmetic, a compilation of tens of seconds
-    per new shape, and a C++ compiler needed (RuntimeError naming it where there is none)."""
+    per new shape, and a C++ compiler needed (RuntimeError naming it where there is none).
+
+    Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
+    stays plain and the call warns; `inference_mode_of(model)` says what was applied."""
+    mode = MODES[_mode_key(quantize, precision, kernels, compile)]
+    unavailable = _unavailable(mode, model)
+    if compile and unavailable is None:  # everything the compiled path needs, before anything changes
+        compile_target(model)
+        check_compiler()
+    with _AllOrNothing(model):
+        restore_weights(model)
+        model.eval()
+        if unavailable is None:
+            for step in mode.steps:
+                step(model, kernels)
+    if any(parameter.device.type == "cpu" for parameter in model.parameters()):
+        keep_freed_memory()
+    if unavailable is not None:
+        warnings.warn(f"optimize_for_inference: {unavailable}; the model runs as before", stacklevel=2)
+    model.__dict__["_hfbert_inference_mode"] = AppliedMode(mode.name, kernels, len(packed_layers(model)), unavailable)
+    return model
+
+
+def _mode_key(quantize: str | None, precision: str, kernels: str, compile: bool) -> tuple:
+    """The arguments checked, each against its choices, then as a combination: the key of their row of MODES."""
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZATIONS)}, not {quantize!r}")
     if precision not in ACCURACY_BOUNDS:
         raise ValueError(f"precision must be one of {', '.join(map(repr, ACCURACY_BOUNDS))}, not {precision!r}")
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNEL_CHOICES))}, not {kernels!r}")
-    if quantize is not None and precision != "highest":
-        raise ValueError(f"precision={precision!r} is an fp32 mode: it cannot be combined with quantize={quantize!r}")
-    if compile and quantize != "int8":
+    if compile not in (True, False):
+        raise ValueError(f"compile must be True or False, not {compile!r}")
+    key = (quantize, precision, bool(compile))
+    if key not in MODES:
+        if quantize is not None and precision != "highest":
+            raise ValueError(
+                f"precision={precision!r} is an fp32 mode: it cannot be combined with quantize={quantize!r}"
+            )
         # Measured (docs/cpu-inference.md): compiling the fp32 modes gains nothing over their eager kernels.
         raise ValueError("compile=True is offered with quantize='int8' only, where it was measured to pay")
-    if compile and int8_available():
-        check_compiler()  # before anything changes
-    restore_weights(model)
-    model.eval()
-    if any(parameter.device.type == "cpu" for parameter in model.parameters()):
-        keep_freed_memory()
-    if quantize == "int8":
-        if int8_available():
-            attention = [
-                name
-                for name in _fused_blocks(model)
-                if isinstance(block := model.get_submodule(name), BertSelfAttention)
-                and block.query.weight.numel() >= MIN_INT8_WEIGHTS
-            ]
-            _swap(model, attention, lambda name, block: Int8SelfAttention.from_block(block, (1,) * len(ROW_BUCKETS)))
-            _swap(
-                model,
-                _linears(model, MIN_INT8_WEIGHTS, inside=_fused(model)),
-                lambda name, layer: Int8Linear.from_linear(layer),
-            )
-            if compile:
-                compile_forward(model)
-        return model
-    if precision == "high" and packing_supported(torch.float32):
-        blocks = _fused_blocks(model)
-        choices = {name: _choice(kernels, *block_candidates(model.get_submodule(name))) for name in blocks}
-        fused = [name for name in blocks if any(choices[name])]
-        _swap(model, fused, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choices[name]))
-    linears = _linears(model, MIN_PACKED_WEIGHTS, inside=_fused(model))
-    choices = {name: _linear_choice(kernels, model.get_submodule(name)) for name in linears}
-    packed = [name for name in linears if any(choices[name])]
-    _swap(model, packed, lambda name, layer: _packed_layer(layer, choices[name]))
-    return model
+    return key
+
+
+def _unavailable(mode: Mode, model: nn.Module) -> str | None:
+    """Why `mode`'s kernels can run nowhere in `model` here, or None where they can."""
+    if not mode.available():
+        return f"mode {mode.name!r} needs {mode.needs}, which this torch build or CPU lacks"
+    parameters = [parameter for parameter in model.parameters() if parameter.is_floating_point()]
+    if parameters and not any(p.device.type == "cpu" and p.dtype in mode.dtypes for p in parameters):
+        kinds = sorted({f"{p.dtype} on {p.device.type}" for p in parameters})
+        runs = ", ".join(str(dtype) for dtype in mode.dtypes)
+        return f"mode {mode.name!r} runs {runs} on the CPU, and the model's parameters are {', '.join(kinds)}"
+    return None
+
+
+class _AllOrNothing:
+    """A context in which `model`'s modules may be swapped and put in eval mode: on an exception, every module is
+    put back where it was, in the mode it was in, and the forward compiled or not as it was."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.children = [(module, dict(module._modules)) for module in self.model.modules()]
+        self.training = [(module, module.training) for module in self.model.modules()]
+        self.forwards = [(module, module.__dict__.get("forward")) for module in self.model.modules()]
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            return
+        for module, children in self.children:
+            module._modules.clear()
+            module._modules.update(children)
+        for module, training in self.training:
+            module.training = training
+        for module, forward in self.forwards:
+            module.__dict__.pop("forward", None)
+            if forward is not None:
+                module.__dict__["forward"] = forward
 
 
 def _choice(kernels: str, key: tuple, candidates: list[Candidate]) -> tuple[int, ...]:
@@ -144,34 +217,87 @@ def _linear_choice(kernels: str, layer: nn.Linear) -> tuple[int, ...]:
     return _choice(kernels, ("linear", *shape), linear_candidates(*shape))
 
 
-def _packed_layer(layer: nn.Linear, choice: tuple[int, ...]) -> PackedLinear:
-    # Where some row counts run F.linear, it reads the plain weight: its pages stay in memory.
-    return PackedLinear.from_linear(layer, _choice=choice, _keep_pages=0 in choice)
+# -- the steps ------------------------------------------------------------------------------------------------------
+def _swap_packed_linears(model: nn.Module, kernels: str) -> None:
+    linears = _linears(model, MIN_PACKED_WEIGHTS, inside=_fused(model))
+    choices = {name: _linear_choice(kernels, model.get_submodule(name)) for name in linears}
+    packed = [name for name in linears if any(choices[name])]
+    _swap(model, packed, lambda name, layer: PackedLinear.from_linear(layer, _choice=choices[name]))
+
+
+def _swap_fused_blocks(model: nn.Module, kernels: str) -> None:
+    blocks = _fused_blocks(model)
+    choices = {name: _choice(kernels, *block_candidates(model.get_submodule(name))) for name in blocks}
+    fused = [name for name in blocks if any(choices[name])]
+    _swap(model, fused, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choices[name]))
+
+
+def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
+    attention = [
+        name
+        for name in _fused_blocks(model)
+        if isinstance(block := model.get_submodule(name), BertSelfAttention)
+        and block.query.weight.numel() >= MIN_INT8_WEIGHTS
+    ]
+    # int8 runs at every row count: its products beat fp32's wherever it was measured (docs/cpu-inference.md).
+    choice = (1,) * len(ROW_BUCKETS)
+    _swap(model, attention, lambda name, block: FusedSelfAttention.from_block(block, choice, kernel=INT8))
+
+
+def _swap_int8_linears(model: nn.Module, kernels: str) -> None:
+    linears = _linears(model, MIN_INT8_WEIGHTS, inside=_fused(model))
+    _swap(model, linears, lambda name, layer: Int8Linear.from_linear(layer))
+
+
+def _compile(model: nn.Module, kernels: str) -> None:
+    compile_forward(model)
+
+
+FP32 = (torch.float32,)
+# The modes: (quantize, precision, compile) -> what `optimize_for_inference` does.
+MODES: dict[tuple, Mode] = {
+    (None, "highest", False): Mode(
+        "fp32", (_swap_packed_linears,), packing_supported, "oneDNN on x86", (torch.float32, torch.bfloat16)
+    ),
+    (None, "high", False): Mode(
+        "fp32 high", (_swap_fused_blocks, _swap_packed_linears), packing_supported, "oneDNN on x86", FP32
+    ),
+    ("int8", "highest", False): Mode(
+        "int8", (_swap_int8_attention, _swap_int8_linears), int8_available, "oneDNN's int8 kernel (x86, AVX2)", FP32
+    ),
+    ("int8", "highest", True): Mode(
+        "int8 compiled",
+        (_swap_int8_attention, _swap_int8_linears, _compile),
+        int8_available,
+        "oneDNN's int8 kernel (x86, AVX2)",
+        FP32,
+    ),
+}
 
 
 def _fused_blocks(model: nn.Module) -> list[str]:
-    """The blocks the fast mode swaps: the model's own attention, intermediate and output blocks, fp32 on the CPU,
-    with plain linear layers (not already swapped or replaced by a user's)."""
+    """The blocks a fused product can compute: the model's own attention, intermediate and output blocks whose
+    projections are plain fp32 `nn.Linear` layers oneDNN can pack (not a user's replacement or PEFT's LoRA wrapper,
+    whose own forward must run)."""
     names = []
     for name, block in model.named_modules():
         if type(block) not in FUSED_BLOCKS:
             continue
-        linears = [module for module in block.children() if isinstance(module, nn.Linear)]
-        if all(type(linear) is nn.Linear and can_pack(linear.weight) for linear in linears) and all(
-            linear.weight.dtype == torch.float32 for linear in linears
+        linears = FUSED_BLOCKS[type(block)].linears(block)
+        if all(type(linear) is nn.Linear and linear.weight.dtype == torch.float32 for linear in linears) and all(
+            can_pack(linear.weight) for linear in linears
         ):
             names.append(name)
     return names
 
 
 def restore_weights(model: nn.Module) -> nn.Module:
-    """Undo `optimize_for_inference`: every swapped layer is a plain `nn.Linear` again, with the same parameters,
-    and the forward the class's own (not compiled)."""
+    """Undo `optimize_for_inference`: every swapped layer or block is the model's own class again, with the same
+    parameters, and the forward the class's own (not compiled)."""
     uncompile(model)
-    swapped = [name for name, module in model.named_modules() if isinstance(module, InferenceLinear)]
-    _swap(model, swapped, lambda name, layer: layer.to_linear())
-    fused = [name for name, module in model.named_modules() if isinstance(module, FusedBlock)]
-    _swap(model, fused, lambda name, block: block.to_block())
+    swapped = [name for name, module in model.named_modules() if isinstance(module, Swapped)]
+    _swap(model, swapped, lambda name, module: module.swap_out())
+    model.__dict__.pop("_hfbert_inference_mode", None)
     return model
 
 
@@ -179,15 +305,17 @@ def packed_layers(model: nn.Module) -> dict[str, str]:
     """Name -> "packed", "int8" or "fused" for every layer or block that `optimize_for_inference` swapped and that
     runs its kernel on its current weights here, at some row counts at least (a model moved to float64 runs the
     plain computation everywhere: none)."""
-    forms = {}
-    for name, module in model.named_modules():
-        if isinstance(module, PackedLinear) and can_pack(module.weight):
-            forms[name] = "packed"
-        elif isinstance(module, Int8Linear) and module.supports(module.weight):
-            forms[name] = "int8"
-        elif isinstance(module, FusedBlock) and module.can_build():
-            forms[name] = "int8" if isinstance(module, Int8SelfAttention) else "fused"
-    return forms
+    return {
+        name: module.kernel.name
+        for name, module in model.named_modules()
+        if isinstance(module, Swapped) and module.can_build()
+    }
+
+
+def inference_mode_of(model: nn.Module) -> AppliedMode | None:
+    """What `optimize_for_inference` applied to `model` (its mode, and why its kernels run nowhere where they
+    cannot); None for a model it did not optimize (or `restore_weights` restored)."""
+    return model.__dict__.get("_hfbert_inference_mode")
 
 
 def _fused(model: nn.Module) -> tuple[str, ...]:

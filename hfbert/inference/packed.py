@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfbert.inference.measured import Candidate, bucket
-from hfbert.inference.swapped import InferenceLinear
-from hfbert.modeling.cpu import X86, bfloat16_native
+from hfbert.inference.measured import Candidate
+from hfbert.inference.onednn import onednn_ops
+from hfbert.inference.swapped import InferenceLinear, Kernel
+from hfbert.modeling.cpu import bfloat16_native
 
 PACKED_BLOCK = 192
 # oneDNN costs about 25 us more per call than F.linear: smaller layers (a classifier's few outputs) stay nn.Linear.
@@ -37,13 +38,10 @@ TILE_MAX_BLOCKS = 4
 
 @functools.cache
 def _ops() -> tuple[Any, Any] | None:
-    """oneDNN's inner product and weight reorder: private ops of torch, so looked up defensively, on first use (not
-    at import); None off x86 (where they were never measured) or in a torch without them."""
-    if not (X86 and torch.backends.mkldnn.is_available()):
+    """oneDNN's fp32/bf16 inner product and weight reorder, or None where this torch or CPU has none."""
+    if not torch.backends.mkldnn.is_available():
         return None
-    product = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
-    return None if product is None or reorder is None else (product, reorder)
+    return onednn_ops("mkldnn", "_linear_pointwise", "_reorder_linear_weight")
 
 
 def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
@@ -125,6 +123,64 @@ def linear_candidates(out_features: int, in_features: int, dtype: torch.dtype) -
     return [plain, packed]
 
 
+def pack_whole(weight: Tensor) -> Tensor:
+    """`weight` (out x in) in oneDNN's blocked layout, the whole inner dimension at once (the fast fp32 mode)."""
+    return _ops()[1](weight.detach().contiguous())
+
+
+def packed_product(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str = "none") -> Tensor:
+    """(rows, in) x packed (out x in) + bias, with oneDNN's `post_op` ("none", or "gelu": GELU's erf form)."""
+    return _ops()[0](rows, packed, bias, post_op, [], "none" if post_op == "gelu" else "")
+
+
+def packed_product_add(rows: Tensor, packed: Tensor, bias: Tensor | None, other: Tensor) -> Tensor:
+    """(rows, in) x packed + bias + other, the addition as oneDNN's binary post-op."""
+    return _ops()[0].binary(rows, other, packed, bias, "add")
+
+
+def _same_dtype(input: Tensor, weight: Tensor) -> bool:
+    return input.dtype == weight.dtype
+
+
+def _fp32(input: Tensor, weight: Tensor) -> bool:
+    return input.dtype == torch.float32 == weight.dtype
+
+
+def _fp32_packable(weight: Tensor) -> bool:
+    return weight.dtype == torch.float32 and can_pack(weight)
+
+
+class PackedBlocks(tuple):
+    """`pack_weight`'s blocks (iterating gives them), and the layer's bias with them: `BLOCKED`'s form."""
+
+    bias: Tensor | None
+
+
+def _build_blocked(weight: Tensor, bias: Tensor | None) -> PackedBlocks:
+    blocks = PackedBlocks(pack_weight(weight))
+    blocks.bias = bias
+    return blocks
+
+
+def _run_blocked(input: Tensor, form: PackedBlocks) -> Tensor:
+    return packed_linear(input, form, form.bias)
+
+
+def _build_whole(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    return pack_whole(weight), bias
+
+
+def _run_whole(input: Tensor, form: tuple[Tensor, Tensor | None]) -> Tensor:
+    rows = input.reshape(-1, input.shape[-1])
+    return packed_product(rows, *form).view(*input.shape[:-1], -1)
+
+
+# The default mode's kernel: blocks of PACKED_BLOCK inputs summed in order (transformers' accuracy).
+BLOCKED = Kernel("packed", can_pack, _same_dtype, _build_blocked, _run_blocked)
+# The fast fp32 mode's kernel (`fused.py`): the whole inner dimension in one chain, fp32 only.
+WHOLE = Kernel("fused", _fp32_packable, _fp32, _build_whole, _run_whole)
+
+
 class PackedLinear(InferenceLinear):
     """`nn.Linear` whose CPU inference runs on its weight packed once (see the module docstring).
 
@@ -133,25 +189,7 @@ class PackedLinear(InferenceLinear):
     `hfbert.optimize_for_inference` swaps a model's large `nn.Linear` layers for these; `from_linear` keeps the
     layer's parameters and hooks, so the model's parameters, state dict and optimizers see no difference.
     `_choice` says, for each row count of `measured.ROW_BUCKETS`, whether the packed product (1) or `F.linear` (0)
-    runs: whichever was measured faster here.
+    runs: whichever was measured faster here (`swapped.Swapped.kernel_way` decides).
     """
 
-    _choice: tuple[int, ...] = (1, 1, 1)
-
-    @staticmethod
-    def supports(weight: Tensor) -> bool:
-        return can_pack(weight)
-
-    def accepts(self, input: Tensor) -> bool:
-        return input.dtype == self.weight.dtype
-
-    def build_form(self) -> tuple[Tensor, ...]:
-        return pack_weight(self.weight)
-
-    def run(self, input: Tensor) -> Tensor:
-        if self._choice[bucket(input.numel() // self.in_features)] == 0:
-            return F.linear(input, self.weight, self.bias)
-        return packed_linear(input, self._form, self.bias)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + ", packed for oneDNN"
+    kernel = BLOCKED
