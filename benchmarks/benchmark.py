@@ -1,7 +1,7 @@
 """hfbert against transformers: same process, same weights, same inputs. Prints a Markdown table, writes JSON.
 
     python -m benchmarks.benchmark [--quick] [--json results.json] [--device cpu|cuda] [--repeats N] [--optimized]
-        [--update-docs]
+        [--update-docs [--allow-busy]]
     python -m benchmarks.benchmark --render docs/results/benchmark.json
 
 Run from the repository root. Without `--optimized` hfbert's models are the plain ones (every linear layer
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 import hfbert
 from benchmarks import report
+from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
 from hfbert.modeling.cpu import bfloat16_native, instruction_set
 from tests.support.checkpoints import bert_base_shapes, random_tensors, write_checkpoint
 
@@ -80,23 +81,6 @@ def machine_info(device: str, optimized: bool) -> dict:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
-
-
-def cpu_seconds() -> tuple[float, float] | None:
-    """(CPU seconds the whole machine has been busy, CPU seconds of this process and its children), Linux only."""
-    if not Path("/proc/stat").exists():
-        return None
-    fields = [int(value) for value in Path("/proc/stat").read_text().split()[1:9]]
-    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
-    own = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system + own.children_user + own.children_system
-
-
-def others_cores(before, after, seconds: float) -> float | None:
-    """Cores that other processes kept busy on average during the run: a shared machine skews every number."""
-    if before is None:
-        return None
-    return ((after[0] - before[0]) - (after[1] - before[1])) / seconds
 
 
 def make_checkpoint(directory: Path) -> Path:
@@ -325,6 +309,7 @@ def parse_args() -> argparse.Namespace:
         help="write the result to docs/results/benchmark.json (benchmark_optimized.json) and render it into docs/",
     )
     parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
+    add_allow_busy_option(parser)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
@@ -338,9 +323,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.render:
-        report.render_file("benchmark", args.render)
+        report.render_file("benchmark", args.render, args.allow_busy)
         return
-    started, cpu_before = time.perf_counter(), cpu_seconds()
+    refuse_busy_start(args.update_docs, args.allow_busy)
+    started, meter = time.perf_counter(), BusyMeter()
     machine = machine_info(args.device, args.optimized)
     low_precision = [torch.float16, torch.bfloat16] if args.device == "cuda" else [torch.bfloat16]
     if args.device == "cpu" and not bfloat16_native():
@@ -363,14 +349,14 @@ def main() -> None:
             rows += low_precision_rows(dtype, checkpoint, dense, mixed, rows[:2], fp32_outputs, args, config)
         rows += cold_start_rows(checkpoint, args)
     seconds = time.perf_counter() - started
-    machine["others_cores"] = others_cores(cpu_before, cpu_seconds(), seconds)
+    machine["others_cores"] = meter.cores()
     print_report(machine, rows, seconds)
     result = {"machine": machine, "rows": rows, "seconds": seconds, "args": vars(args)}
     result = json.loads(json.dumps(result, default=str))  # as the JSON file holds it
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.update_docs:
-        report.publish("benchmark", result)
+        report.publish("benchmark", result, args.allow_busy)
 
 
 if __name__ == "__main__":

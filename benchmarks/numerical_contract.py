@@ -2,7 +2,7 @@
 
     python -m benchmarks.numerical_contract [--checkpoints minilm,bert-base,outlier,bert-large] [--texts N]
         [--isa native,AVX2] [--kernels standard,packed] [--dtypes float32,bfloat16] [--sensitivity]
-        [--json OUT.json] [--update-docs]
+        [--json OUT.json] [--update-docs [--allow-busy]]
     python -m benchmarks.numerical_contract --render docs/results/numerical_contract.json
 
 Run it from the repository root (it imports the checkpoint builders from tests/support/). Each table line gives,
@@ -43,6 +43,7 @@ import transformers
 import hfbert
 import hfbert.inference
 from benchmarks import report
+from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
 from hfbert.inference.optimize import ACCURACY_BOUNDS
 from hfbert.modeling.cpu import CAPS, cpu_name, instruction_set
 from hfbert.tools.parity import DTYPES, Accuracy, default_texts, load_reference
@@ -198,10 +199,11 @@ def run_isa(isa: str, arguments: argparse.Namespace, work: str) -> dict:
         command += [f"--{option}", ",".join(getattr(arguments, option))]
     command += ["--sensitivity"] if arguments.sensitivity else []
     # The worker's progress (one JSON line per row) and errors go straight to this process's stderr.
+    meter = BusyMeter()  # counts the worker as this process's own: it is waited for
     result = subprocess.run(command, env=environment, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     if result.returncode != 0:
         raise SystemExit(f"the {isa} worker failed (exit status {result.returncode}; its errors are above)")
-    return {"isa": isa, **json.loads(result.stdout)}
+    return {"isa": isa, **json.loads(result.stdout), "cores": os.cpu_count(), "others_cores": meter.cores()}
 
 
 def main() -> None:
@@ -224,11 +226,12 @@ def main() -> None:
         help="write the result to docs/results/numerical_contract.json and render it into docs/",
     )
     parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
+    add_allow_busy_option(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.render:
-        report.render_file("numerical_contract", arguments.render)
+        report.render_file("numerical_contract", arguments.render, arguments.allow_busy)
         return
     for option, known in (("checkpoints", CHECKPOINTS), ("kernels", KERNELS)):
         unknown = set(getattr(arguments, option)) - set(known)
@@ -237,6 +240,7 @@ def main() -> None:
     if arguments.worker:
         print(json.dumps(measure(arguments)))
         return
+    refuse_busy_start(arguments.update_docs, arguments.allow_busy)
     isas = arguments.isa
     if "native" in isas and "AVX2" in isas and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT"):
         isas = [isa for isa in isas if isa != "AVX2"]  # capping an AVX2 CPU to AVX2 would measure it twice
@@ -255,7 +259,7 @@ def main() -> None:
     if arguments.json:
         arguments.json.write_text(json.dumps(results, indent=2) + "\n")
     if arguments.update_docs:
-        report.publish("numerical_contract", results)
+        report.publish("numerical_contract", results, arguments.allow_busy)
 
 
 if __name__ == "__main__":

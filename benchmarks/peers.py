@@ -3,7 +3,7 @@ CTranslate2. Prints the machine and a Markdown table; `--json` writes every numb
 
     pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
     python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5] [--cap-isa AVX2] [--json OUT.json]
-        [--update-docs]
+        [--update-docs [--allow-busy]]
     python -m benchmarks.peers --render docs/results/peers.json
 
 Run from the repository root. `--update-docs` writes the result to docs/results/peers.json (peers_avx2.json with
@@ -119,14 +119,13 @@ from benchmarks import report
 from benchmarks.benchmark import (  # the shared inputs and timing
     MIXED_BATCH,
     batch,
-    cpu_seconds,
     interleaved,
     make_checkpoint,
     min_cosine,
     mixed_batches,
-    others_cores,
     useful_flops,
 )
+from benchmarks.busy import BusyMeter, add_allow_busy_option, over_limit, refuse_busy_start
 from benchmarks.report import ENGINES, HFBERT_ENGINES, PEERS
 from hfbert.inference import packed_layers
 from hfbert.inference.compiled import compile_report, padded_shape
@@ -818,6 +817,7 @@ def parse_args() -> argparse.Namespace:
         help="write the result to docs/results/peers.json (peers_avx2.json when capped) and render it into docs/",
     )
     parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
+    add_allow_busy_option(parser)
     parser.add_argument(
         "--without-ctranslate2",
         action="store_true",
@@ -834,10 +834,10 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def finish(result: dict, started: float, cpu_before, partial: bool = False) -> dict:
+def finish(result: dict, started: float, meter: BusyMeter, partial: bool = False) -> dict:
     """The run's totals, now: run time, how busy other processes kept the cores, peak memory."""
     result["seconds"] = time.perf_counter() - started
-    result["machine"]["others_cores"] = others_cores(cpu_before, cpu_seconds(), result["seconds"])
+    result["machine"]["others_cores"] = meter.cores()
     result["peak_rss_mib"] = memory_mib("VmHWM")
     if partial:
         result["partial"] = True
@@ -850,7 +850,7 @@ def save_partial(args: argparse.Namespace, result: dict) -> None:
     """After each row, what the run has so far (marked partial), where the finished result will go: a run
     stopped midway (a full run takes an hour or more on 2 shared cores) still leaves its rows to render."""
     destinations = [args.json] if args.json else []
-    if args.update_docs:
+    if args.update_docs and (args.allow_busy or not over_limit(result["machine"])):  # else refused at the end
         destinations.append(report.RESULTS / f"{report.target('peers', result).name}.json")
     for destination in destinations:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -858,7 +858,7 @@ def save_partial(args: argparse.Namespace, result: dict) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    started, cpu_before = time.perf_counter(), cpu_seconds()
+    started, meter = time.perf_counter(), BusyMeter()
     machine = machine_info(args)
     result: dict[str, Any] = {"machine": machine, "rows": [], "engines": {}, "engine_facts": {}, "skipped": {}}
     result["args"] = {key: str(value) for key, value in vars(args).items()}
@@ -868,7 +868,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     def snapshot(config: hfbert.BertConfig) -> None:
         result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
-        save_partial(args, finish(result, started, cpu_before, partial=True))
+        save_partial(args, finish(result, started, meter, partial=True))
 
     with tempfile.TemporaryDirectory(prefix="hfbert-peers-") as temporary, torch.no_grad():
         work = Path(temporary)
@@ -924,7 +924,7 @@ def measure(args: argparse.Namespace) -> dict:
             result["embed"] = embed_row(args)
         except ImportError as error:
             result["skipped"]["5. embed"] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
-    return finish(result, started, cpu_before)
+    return finish(result, started, meter)
 
 
 def weight_streaming_floor(config: hfbert.BertConfig, bandwidth: float, rows: list[dict]) -> dict:
@@ -961,12 +961,13 @@ def progress(text: str) -> None:
 def main() -> int:
     args = parse_args()
     if args.render:
-        report.render_file("peers", args.render)
+        report.render_file("peers", args.render, args.allow_busy)
         return 0
     if args.cap_isa and not capped(args.cap_isa):
         # The libraries read these variables once, when they first run: only a fresh process honours them.
         environment = {**os.environ, **CAPS[args.cap_isa]}
         return subprocess.run([sys.executable, "-m", "benchmarks.peers", *sys.argv[1:]], env=environment).returncode
+    refuse_busy_start(args.update_docs, args.allow_busy)
     torch.set_num_threads(args.threads)
     result = measure(args)
     print_report(result)
@@ -974,7 +975,7 @@ def main() -> int:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     if args.update_docs:
-        report.publish("peers", json.loads(json.dumps(result, default=str)))
+        report.publish("peers", json.loads(json.dumps(result, default=str)), args.allow_busy)
     return 0
 
 

@@ -27,12 +27,13 @@ import argparse
 import json
 import math
 import re
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks import busy
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -73,10 +74,23 @@ def verdict(passed: bool) -> str:
     return "pass" if passed else "FAIL"
 
 
+def busy_text(machine: dict) -> str:
+    """How busy other processes kept the cores during the run; over `busy.BUSY_LIMIT`, that its times are skewed and
+    whether it was published with --allow-busy. Empty when the run did not measure it."""
+    if machine.get("others_cores") is None:
+        return ""
+    text = f"other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
+    if busy.over_limit(machine):
+        text += f", more than the {busy.BUSY_LIMIT} a published result may have: its times are skewed"
+        if machine.get("busy_forced"):
+            text += " (published anyway with `--allow-busy`)"
+    return text
+
+
 def run_line(run_time: str, machine: dict) -> str:
     """A benchmark's run time, how busy other processes kept the cores meanwhile, and the date it was measured."""
-    if machine.get("others_cores") is not None:
-        run_time += f"; other processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy meanwhile"
+    if busy_text(machine):
+        run_time += "; " + busy_text(machine)
     if machine.get("measured"):
         run_time += f"; measured {machine['measured']}"
     return run_time + "."
@@ -104,6 +118,9 @@ def contract_machine(results: list[dict]) -> str:
     first = results[0]
     isas = "; ".join(f"`{result['isa']}` = {result['instruction_set']}" for result in results)
     when = f" Measured {first['measured']}." if first.get("measured") else ""
+    worker = max(results, key=lambda result: result.get("others_cores") or 0.0)
+    if busy_text(worker):
+        when += f" While the busiest worker ran, {busy_text(worker)}."
     return (
         f"CPU: {first['cpu']}. Instruction sets: {isas}. torch {first['torch']}, transformers "
         f"{first['transformers']}; {first['texts']} parity sentences, {first['tokens']} real tokens.{when}"
@@ -483,8 +500,8 @@ def peers_figure(result: dict, path: Path) -> None:
     machine = result["machine"]
     isa = machine["cap"] or machine["instruction_set"]
     title = f"hfbert against the engines, bert-base ({machine['cpu']}, {isa}, {machine['threads']} threads)"
-    if machine.get("others_cores") is not None:
-        title += f"\nother processes kept {machine['others_cores']:.2f} of {machine['cores']} cores busy during the run"
+    if busy_text(machine):
+        title += "\n" + busy_text(machine).replace("meanwhile", "during the run")
     axes.set_title(title, pad=18)
     figure.legend([unique[name] for name in engines], engines, loc="outside lower center", ncol=len(engines))
     save(figure, path)
@@ -593,8 +610,15 @@ def render(kind: str, result: Any, figures: bool = True) -> Path:
     return page
 
 
-def publish(kind: str, result: Any) -> Path:
-    """After a run: write the result to docs/results/NAME.json and render it."""
+def machine_records(result: Any) -> list[dict]:
+    """The records of the machine a result was measured on: one per worker for the numerical contract."""
+    return result if isinstance(result, list) else [result["machine"]]
+
+
+def publish(kind: str, result: Any, allow_busy: bool = False) -> Path:
+    """After a run: write the result to docs/results/NAME.json and render it. Refused (SystemExit, nothing written)
+    when other processes kept the cores too busy, unless `allow_busy` (benchmarks/busy.py)."""
+    busy.settle(machine_records(result), allow_busy)
     chosen = target(kind, result)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{chosen.name}.json"
@@ -602,14 +626,13 @@ def publish(kind: str, result: Any) -> Path:
     return render(kind, result)
 
 
-def render_file(kind: str, path: Path) -> Path:
-    """`--render JSON`: render an existing result; one from elsewhere is first copied to docs/results/NAME.json,
-    so that the pages always come from the committed results."""
+def render_file(kind: str, path: Path, allow_busy: bool = False) -> Path:
+    """`--render JSON`: render an existing result; one from elsewhere is first published to docs/results/NAME.json
+    (under the same busy rule as `publish`), so that the pages always come from the committed results."""
     result = json.loads(path.read_text())
     destination = RESULTS / f"{target(kind, result).name}.json"
     if path.resolve() != destination.resolve():
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, destination)
+        return publish(kind, result, allow_busy)
     return render(kind, result)
 
 

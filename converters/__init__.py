@@ -4,6 +4,7 @@
 - `key_map`: checkpoint names -> hfbert names, as data;
 - `load_report`: what happened to every tensor;
 - `hub`: repo ids -> local snapshots through huggingface_hub;
+- `overwrite`: outputs refused when they would write over an input file or checkpoint;
 - `loading`: the one pass that ties them together (`hfbert.BertModel.from_pretrained` calls it).
 """
 

@@ -7,6 +7,7 @@
 - `heads.py`: the task models (`BertForMaskedLM`, ...);
 - `pretrained.py`: what every model shares with transformers' (`from_pretrained`, `save_pretrained`, tying,
   resizing, checkpointing);
+- `checkpointing.py`: `Checkpointing`, which encoder layers are recomputed in the backward pass, and how;
 - `inputs.py`, `outputs.py`, `activations.py`: argument checks, output classes, `hidden_act` formulas;
 - `tokenizer.py`: `BertTokenizer`, the checkpoint's WordPiece tokenizer;
 - `cpu.py`: what this CPU computes natively (the bf16 warning and the inference floor read it).

@@ -15,13 +15,14 @@ default token type ids are computed in `forward`, never stored.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from hfbert.modeling.activations import ACTIVATIONS
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
+from hfbert.modeling.checkpointing import Checkpointing
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.inputs import check_inputs
 from hfbert.modeling.outputs import BertModelOutput
@@ -135,9 +136,42 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
+    """The stack of layers, and how it is checkpointed in training (`checkpointing`, set by
+    `activation_checkpointing_enable` in pretrained.py)."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # A legacy `"gradient_checkpointing": true` in config.json turns it on, as in transformers.
+        self.checkpointing = Checkpointing(enabled=getattr(config, "gradient_checkpointing", False) is True)
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        batch: PaddedBatch | PackedBatch,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor | None]]:
+        """Run every layer, in `batch`'s layout. Returns the last hidden states, the input and every layer's output
+        (when `output_hidden_states`, else empty) and every layer's attention probabilities (when
+        `output_attentions`, else empty)."""
+        all_hidden_states, all_attentions = [], []
+        for index, layer in enumerate(self.layer):
+            if output_hidden_states:
+                all_hidden_states.append(hidden_states)
+            if self.checkpointed(index):
+                hidden_states, probabilities = self.checkpointing.run(layer, hidden_states, batch)
+            else:
+                hidden_states, probabilities = layer(hidden_states, batch)
+            if output_attentions:
+                all_attentions.append(probabilities)
+        if output_hidden_states:
+            all_hidden_states.append(hidden_states)
+        return hidden_states, all_hidden_states, all_attentions
+
+    def checkpointed(self, layer_index: int) -> bool:
+        """Whether this layer is recomputed in the backward pass (training with checkpointing on)."""
+        return self.training and self.checkpointing.covers(layer_index)
 
 
 class BertPooler(nn.Module):
@@ -173,12 +207,6 @@ class BertModel(BertPreTrainedModel):
         # An explicit argument wins, then what the config says (transformers' `config._attn_implementation`).
         self.attn_implementation = attn_implementation or config._attn_implementation or DEFAULT_ATTENTION
         self.padding_free = padding_free
-        # Gradient checkpointing, set by `activation_checkpointing_enable` (pretrained.py); a legacy
-        # `"gradient_checkpointing": true` in config.json turns it on, as in transformers.
-        self.gradient_checkpointing = getattr(config, "gradient_checkpointing", False) is True
-        self.checkpoint_kwargs: dict = {"use_reentrant": False}
-        self.checkpoint_every_n_layers = 1
-        self.checkpoint_offload = False
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         # Without a pooler the module tree has no pooler at all, so DDP sees no unused parameters.
@@ -206,11 +234,6 @@ class BertModel(BertPreTrainedModel):
             output_attentions = self.config.output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        implementation = self.attn_implementation
-        if output_attentions and implementation != "eager":
-            # sdpa never materialises the probabilities: this call computes them with the eager kernel.
-            _warn_once_eager_for_attentions(implementation)
-            implementation = "eager"
         check_inputs(
             self.config,
             self.device,
@@ -221,44 +244,43 @@ class BertModel(BertPreTrainedModel):
             inputs_embeds,
             dtype=self.dtype,
         )
-
-        # Padding-free only where nothing observable changes: inference, no attention maps asked.
-        padding_free = self.padding_free and not self.training and not output_attentions
-        batch = batch_layout(attention_mask, implementation, padding_free)
+        batch = self.layout(attention_mask, output_attentions)
         hidden_states = self.embeddings(*batch.embedding_inputs(input_ids, token_type_ids, position_ids, inputs_embeds))
-        all_hidden_states = [hidden_states]
-        all_attentions = []
-        for index, layer in enumerate(self.encoder.layer):
-            if self.checkpointed(index):
-                hidden_states, probabilities = self.run_checkpointed(layer, hidden_states, batch)
-            else:
-                hidden_states, probabilities = layer(hidden_states, batch)
-            all_hidden_states.append(hidden_states)
-            all_attentions.append(probabilities)
+        hidden_states, all_hidden_states, all_attentions = self.encoder(
+            hidden_states, batch, output_hidden_states, output_attentions
+        )
         hidden_states = batch.unpack(hidden_states)
-        if output_hidden_states:
-            all_hidden_states = [batch.unpack(states) for states in all_hidden_states]
-
         output = BertModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
-            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            hidden_states=tuple(batch.unpack(states) for states in all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
         return output if return_dict is not False else output.to_tuple()
 
+    def layout(self, attention_mask: Tensor | None, output_attentions: bool) -> PaddedBatch | PackedBatch:
+        """The batch layout and attention kernel of one call. Padding-free only where nothing observable changes
+        (inference, no attention maps asked); attention maps asked run the eager kernel (sdpa never materialises
+        the probabilities)."""
+        implementation = self.attn_implementation
+        if output_attentions and implementation != "eager":
+            _warn_once_eager_for_attentions(implementation)
+            implementation = "eager"
+        padding_free = self.padding_free and not self.training and not output_attentions
+        return batch_layout(attention_mask, implementation, padding_free)
+
     def checkpointed(self, layer_index: int) -> bool:
         """Whether this layer is recomputed in the backward pass (training with checkpointing on)."""
-        return self.gradient_checkpointing and self.training and layer_index % self.checkpoint_every_n_layers == 0
+        return self.encoder.checkpointed(layer_index)
 
-    def run_checkpointed(
-        self, layer: BertLayer, hidden_states: Tensor, batch: PaddedBatch | PackedBatch
-    ) -> tuple[Tensor, Tensor | None]:
-        if not self.checkpoint_offload:
-            return checkpoint(layer, hidden_states, batch, **self.checkpoint_kwargs)
-        # The saved layer inputs wait for the backward pass in host memory (pinned when a GPU will read them).
-        with torch.autograd.graph.save_on_cpu(pin_memory=hidden_states.is_cuda):
-            return checkpoint(layer, hidden_states, batch, **self.checkpoint_kwargs)
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether checkpointing is on: the attribute transformers' models have and PEFT reads on every module."""
+        return self.encoder.checkpointing.enabled
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enabled: bool) -> None:
+        self.encoder.checkpointing = replace(self.encoder.checkpointing, enabled=bool(enabled))
 
     @property
     def backbone(self) -> BertModel:

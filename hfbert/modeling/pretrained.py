@@ -8,6 +8,7 @@ modules and define `forward`.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from converters.dtypes import as_dtype
 from converters.loading import check_requested_dtype, config_values
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
+from hfbert.modeling.checkpointing import Checkpointing
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.cpu import warn_if_emulated_bfloat16
 
@@ -223,13 +225,12 @@ class BertPreTrainedModel(nn.Module):
         is made to require grad, so that gradients reach trainable layers behind frozen embeddings (PEFT) and the
         reentrant variant works.
         """
-        if not (isinstance(every_n_layers, int) and every_n_layers >= 1):
-            raise ValueError(f"every_n_layers must be a positive integer, got {every_n_layers!r}")
-        backbone = self.backbone
-        backbone.checkpoint_kwargs = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
-        backbone.checkpoint_every_n_layers = every_n_layers
-        backbone.checkpoint_offload = offload
-        backbone.gradient_checkpointing = True
+        self.backbone.encoder.checkpointing = Checkpointing(
+            enabled=True,
+            every_n_layers=every_n_layers,
+            offload=offload,
+            kwargs={"use_reentrant": False, **(activation_checkpointing_kwargs or {})},
+        )
         self.enable_input_require_grads()
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs: Any) -> None:
@@ -239,14 +240,15 @@ class BertPreTrainedModel(nn.Module):
 
     def activation_checkpointing_disable(self) -> None:
         # The input-grad hook stays, as in transformers: PEFT may have asked for it too, and it costs nothing.
-        self.backbone.gradient_checkpointing = False
+        encoder = self.backbone.encoder
+        encoder.checkpointing = replace(encoder.checkpointing, enabled=False)
 
     def gradient_checkpointing_disable(self) -> None:
         self.activation_checkpointing_disable()
 
     @property
     def is_activation_checkpointing(self) -> bool:
-        return self.backbone.gradient_checkpointing
+        return self.backbone.encoder.checkpointing.enabled
 
     @property
     def is_gradient_checkpointing(self) -> bool:

@@ -1,0 +1,207 @@
+"""The architecture docs/architecture.md describes holds, and the docs cannot name what is not there.
+
+- Every repository path a Markdown page names in inline code (`hfbert/modeling/model.py`, `tests/test_docs.py`,
+  a bare `outputs.py` listed after a path in its folder) and every `python -m` module it names exists.
+- The floors: converters/ < hfbert/modeling/ < hfbert/inference/ < hfbert/tools/ < hfbert/cli.py. A module imports
+  only from its own floor or those below it, imports inside functions included; no modules import each other in a
+  cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Paths in the docs that belong to another repository, and whose.
+FOREIGN_PATHS = {"tests/models/bert/test_modeling_bert.py": "transformers' BERT tests"}
+
+# Lowest first. The package root `hfbert` (its public API exports optimize_for_inference) stands on the inference
+# floor; `python -m hfbert` on the command line's.
+FLOORS = ["converters", "hfbert.modeling", "hfbert.inference", "hfbert.tools", "hfbert.cli"]
+FLOOR_OF_MODULE = {"hfbert": "hfbert.inference", "hfbert.__main__": "hfbert.cli"}
+PACKAGES = ("converters", "hfbert")
+
+
+# -- names in the docs ---------------------------------------------------------------------------------------------
+def markdown_pages() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=False)
+    if listed.returncode == 0 and listed.stdout.strip():
+        return [ROOT / line for line in listed.stdout.split()]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not a git checkout
+
+
+def top_folders() -> set[str]:
+    return {entry.name for entry in ROOT.iterdir() if entry.is_dir() and entry.name not in {".git", ".venv"}}
+
+
+# Inline code spans separated only by commas: `a/b.py`, `c.py` lists c.py in a/.
+CODE_RUN = re.compile(r"`[^`\n]+`(?:,\s*`[^`\n]+`)*")
+
+
+def named_paths(text: str, folders: set[str]) -> list[str]:
+    """Repository paths and `python -m` modules named in `text`'s inline code, as paths relative to the root."""
+    found = []
+    for run in CODE_RUN.finditer(text):
+        folder = None
+        for span in re.findall(r"`([^`\n]+)`", run.group(0)):
+            module = re.search(r"python -m ([\w.]+)", span)
+            if module and module.group(1).split(".")[0] in folders:
+                name = module.group(1).replace(".", "/")
+                found.append(f"{name}/__main__.py" if (ROOT / name).is_dir() else f"{name}.py")
+            for word in span.split():
+                if word.split("/")[0] in folders and "/" in word:
+                    found.append(word)
+                    folder = word.rstrip("/").rpartition("/")[0] if not word.endswith("/") else word.rstrip("/")
+                elif folder and re.fullmatch(r"[\w-]+\.\w+", word) and span == word:
+                    found.append(f"{folder}/{word}")
+    return found
+
+
+def test_named_paths_are_read_as_meant():
+    folders = {"hfbert", "tests"}
+    text = "`hfbert/modeling/inputs.py`, `outputs.py` and `config.json`; `python -m hfbert.cli` `tests/data/`"
+    assert named_paths(text, folders) == [
+        "hfbert/modeling/inputs.py",
+        "hfbert/modeling/outputs.py",
+        "hfbert/cli.py",
+        "tests/data/",
+    ]
+
+
+@pytest.mark.parametrize("page", markdown_pages(), ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_repository_path_a_page_names_exists(page):
+    folders = top_folders()
+    missing = [
+        path
+        for path in named_paths(page.read_text(), folders)
+        if path not in FOREIGN_PATHS and not any(ROOT.glob(path.rstrip("/")))
+    ]
+    assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+# -- the floors ----------------------------------------------------------------------------------------------------
+def module_files(root: Path) -> dict[str, Path]:
+    files = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported module of this repository, line) for every import statement, top level or nested anywhere."""
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                source = ".".join([*base[: len(base) - node.level + 1], *([node.module] if node.module else [])])
+            names = [f"{source}.{alias.name}" for alias in node.names]
+            names = [name if name in known else source for name in names]  # a submodule, else a name in `source`
+        else:
+            continue
+        for name in names:
+            while name not in known and "." in name:
+                name = name.rpartition(".")[0]
+            if name in known and name != module:
+                found.append((name, node.lineno))
+    return found
+
+
+def floor(module: str) -> int:
+    named = FLOOR_OF_MODULE.get(module) or next(
+        (prefix for prefix in reversed(FLOORS) if module == prefix or module.startswith(prefix + ".")), None
+    )
+    if named is None:
+        raise AssertionError(f"{module} stands on no floor: put it in one of {FLOORS}")
+    return FLOORS.index(named)
+
+
+def upward_imports(root: Path) -> list[str]:
+    known = module_files(root)
+    return [
+        f"{path.relative_to(root)}:{line} imports {target} ({FLOORS[floor(target)]} is above {FLOORS[floor(module)]})"
+        for module, path in known.items()
+        for target, line in imports(module, path, known)
+        if floor(target) > floor(module)
+    ]
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    known = module_files(root)
+    graph = {module: sorted({target for target, _ in imports(module, path, known)}) for module, path in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return groups
+
+
+def test_every_module_imports_only_its_floor_and_those_below():
+    assert not upward_imports(ROOT), "\n".join(upward_imports(ROOT))
+
+
+def test_no_import_cycles():
+    assert not import_cycles(ROOT)
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_an_import_inside_a_function_or_relative_counts(tmp_path):
+    """The checks catch what they are for: an upward import hidden in a function, a relative one, a cycle."""
+    write(
+        tmp_path,
+        {
+            "converters/__init__.py": "",
+            "converters/reading.py": "def load():\n    from hfbert.modeling.config import BertConfig\n",
+            "hfbert/__init__.py": "",
+            "hfbert/modeling/__init__.py": "",
+            "hfbert/modeling/config.py": "from . import model\n",
+            "hfbert/modeling/model.py": "from .config import BertConfig\nfrom ..tools import embed\n",
+            "hfbert/tools/__init__.py": "",
+            "hfbert/tools/embed.py": "",
+        },
+    )
+    assert upward_imports(tmp_path) == [
+        "converters/reading.py:2 imports hfbert.modeling.config (hfbert.modeling is above converters)",
+        "hfbert/modeling/model.py:2 imports hfbert.tools.embed (hfbert.tools is above hfbert.modeling)",
+    ]
+    assert import_cycles(tmp_path) == [["hfbert.modeling.config", "hfbert.modeling.model"]]
