@@ -20,7 +20,8 @@ from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transfo
 
 
 def files_under(directory: Path) -> dict[str, bytes]:
-    return {path.relative_to(directory).as_posix(): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+    files = [path for path in directory.rglob("*") if path.is_file()]
+    return {path.relative_to(directory).as_posix(): path.read_bytes() for path in files}
 
 
 # -- 1. a save replaces what the model owns, nothing else -------------------------------------------------------
@@ -56,9 +57,9 @@ def test_sentence_transformer_save_with_the_hfbert_backbone_keeps_its_prompt(tmp
 
     prompts = {"query": "query: "}
     texts = ["A first sentence.", "Another, longer sentence about something else."]
-    reference = SentenceTransformer(str(minilm_directory()), device="cpu", prompts=prompts, default_prompt_name="query")
-    expected = reference.encode(texts, convert_to_numpy=True)
-    model = sentence_transformer_with_hfbert(minilm_directory(), device="cpu", prompts=prompts, default_prompt_name="query")
+    options = dict(device="cpu", prompts=prompts, default_prompt_name="query")
+    expected = SentenceTransformer(str(minilm_directory()), **options).encode(texts, convert_to_numpy=True)
+    model = sentence_transformer_with_hfbert(minilm_directory(), **options)
     folder = tmp_path / "st"
     model.save(str(folder))
     saved = json.loads((folder / "config_sentence_transformers.json").read_text())
@@ -88,4 +89,24 @@ def test_a_save_removes_only_weight_files_of_its_own_naming(tmp_path):
     assert (folder / "tokenizer.json").read_text() == "old"
     reloaded = hfbert.BertModel.from_pretrained(folder)
     original = hfbert.BertModel.from_pretrained(directory)
-    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), original.state_dict().values()))
+    assert reloaded.state_dict().keys() == original.state_dict().keys()
+    assert all(torch.equal(reloaded.state_dict()[name], tensor) for name, tensor in original.state_dict().items())
+
+
+# -- 2. an output that is the file standard input reads -----------------------------------------------------------
+
+
+def test_embed_refuses_an_output_that_standard_input_reads(tmp_path):
+    import subprocess
+    import sys
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "a"}\n{"text": "b"}\n')
+    before = texts.read_bytes()
+    command = [sys.executable, "-m", "hfbert", "embed", str(minilm_directory()), "--file", "-", "--out", str(texts)]
+    with open(texts, "rb") as stdin:
+        result = subprocess.run(command, stdin=stdin, capture_output=True, timeout=600)
+    assert result.returncode == 1, result.stderr
+    message = result.stderr.decode()
+    assert message.count("\n") == 1 and "standard input" in message and str(texts) in message
+    assert texts.read_bytes() == before

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 STDIN = "-"
 
@@ -65,3 +65,27 @@ def count_lines(path: str | os.PathLike) -> int | None:
             lines += block.count(b"\n")
             last = block[-1:]
     return lines + (last != b"\n")
+
+
+def refuse_output_over_stdin(outputs: Mapping[str, str | os.PathLike | None], source: str | os.PathLike | None) -> None:
+    """ValueError, before anything runs, when `source` is `-` and an output (option -> path) is the very file
+    standard input reads (same device and inode: `--file - --out texts.jsonl < texts.jsonl`), which writing would
+    replace while it is read."""
+    if source is None or os.fspath(source) != STDIN:
+        return
+    try:
+        reading = os.fstat(sys.stdin.fileno() if sys.stdin is not None else 0)
+    except (OSError, ValueError, AttributeError):  # no standard input, or one replaced by an object without a file
+        return
+    for option, output in outputs.items():
+        if output is None or os.fspath(output) == STDIN:
+            continue
+        try:
+            written = os.stat(output)
+        except OSError:
+            continue
+        if (written.st_dev, written.st_ino) == (reading.st_dev, reading.st_ino):
+            raise ValueError(
+                f"{option} {os.fspath(output)}: the output is the file standard input reads (--file -); refusing "
+                f"to overwrite it, choose another output"
+            )
