@@ -110,3 +110,48 @@ def test_embed_refuses_an_output_that_standard_input_reads(tmp_path):
     message = result.stderr.decode()
     assert message.count("\n") == 1 and "standard input" in message and str(texts) in message
     assert texts.read_bytes() == before
+
+
+# -- 12. a lone surrogate in a JSONL line, or in a text given as an argument ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_embedder():
+    from hfbert.tools.embedding import Embedder
+
+    return Embedder(minilm_directory())
+
+
+def test_a_lone_surrogate_in_a_jsonl_line_names_file_and_line(tmp_path, capsys):
+    from support.robust import assert_one_line, run
+
+    texts = tmp_path / "texts.jsonl"
+    lines = ['{"text": "a"}', '{"text": "x\\ud800"}', '{"text": "a much longer text than the others"}']
+    texts.write_text("\n".join(lines * 3) + "\n")
+    code, stderr = run(capsys, "embed", minilm_directory(), "--file", texts, "--out", tmp_path / "e.npy")
+    assert_one_line(code, stderr, f"{texts}:2:", "not valid Unicode")
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_a_lone_surrogate_in_a_text_is_named_by_its_place_in_the_input(minilm_embedder, tmp_path, capsys):
+    from hfbert.tools.embedding import embed_file
+
+    from support.robust import assert_one_line, run
+
+    texts = ["a", "a much longer text than the others", "b", "x\udc80", "c"]
+    with pytest.raises(ValueError, match=r"^text 3: the text is not valid Unicode"):
+        minilm_embedder.embed(texts)
+    with pytest.raises(ValueError, match=r"^text 3 \(counting from 0, in input order\)"):
+        embed_file(minilm_embedder, iter(texts), tmp_path / "e.npy", chunk_size=2, progress=False)
+    code, stderr = run(capsys, "embed", minilm_directory(), *texts)
+    assert_one_line(code, stderr, "text 3 ")
+
+
+def test_one_reader_of_text_files(tmp_path):
+    from hfbert.tools import embedding, texts
+
+    assert embedding.read_texts is texts.read_texts
+    plain = tmp_path / "t.txt"
+    plain.write_text("a\n\n  \nb\n")
+    assert list(texts.read_texts(plain)) == ["a", "", "  ", "b"]
+    assert list(texts.read_texts(plain, skip_blank=True)) == ["a", "b"]
