@@ -155,3 +155,157 @@ def test_one_reader_of_text_files(tmp_path):
     plain.write_text("a\n\n  \nb\n")
     assert list(texts.read_texts(plain)) == ["a", "", "  ", "b"]
     assert list(texts.read_texts(plain, skip_blank=True)) == ["a", "b"]
+
+
+# -- 3-5, 9-11. the sentence-transformers pipeline ----------------------------------------------------------------
+
+ST_TEXTS = ["", "Yes.", "A [MASK] in the text.", "A longer sentence, about something else entirely.", "x [SEP] y"]
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> Path:
+    """A 2-layer BERT of hidden size 32 with random weights and MiniLM's (uncased) tokenizer files."""
+    import shutil
+
+    import transformers
+
+    from support.helpers import randomize_weights
+
+    directory = tmp_path_factory.mktemp("backbone") / "bert"
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    randomize_weights(transformers.BertModel(config, add_pooling_layer=False)).save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_directory() / name, directory / name)
+    return directory
+
+
+def save_sentence_transformer(backbone: Path, directory: Path, *extra, pooling="mean", prompt=None) -> Path:
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    modules = [Transformer(str(backbone)), Pooling(32, pooling_mode=pooling), *extra]
+    prompts = {"query": prompt} if prompt else None
+    model = st.SentenceTransformer(
+        modules=modules, device="cpu", prompts=prompts, default_prompt_name="query" if prompt else None
+    )
+    model.save(str(directory))
+    return directory
+
+
+def compare_with_sentence_transformers(directory: Path, texts=ST_TEXTS) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    from hfbert.tools.embedding import Embedder
+
+    expected = SentenceTransformer(str(directory), device="cpu").encode(texts, convert_to_numpy=True)
+    ours = Embedder(directory).embed(texts).numpy()
+    assert ours.shape == expected.shape
+    return float(np.abs(ours - expected).max())
+
+
+@pytest.mark.parametrize("activation", ["PReLU", "RReLU"])
+def test_a_dense_activation_with_state_runs_as_sentence_transformers_runs_it(backbone, tmp_path, activation):
+    from sentence_transformers.base.modules import Dense
+
+    from hfbert.tools.embedding import Embedder
+
+    torch.manual_seed(1)
+    dense = Dense(32, 16, activation_function=getattr(torch.nn, activation)())
+    if activation == "PReLU":
+        with torch.no_grad():
+            dense.activation_function.weight.fill_(-1.5)  # far from PReLU's initial 0.25
+    directory = save_sentence_transformer(backbone, tmp_path / "st", dense)
+    assert compare_with_sentence_transformers(directory) <= 1e-5
+    embedder = Embedder(directory)
+    assert torch.equal(embedder.embed(ST_TEXTS), embedder.embed(ST_TEXTS))  # RReLU in eval mode: deterministic
+
+
+def test_legacy_pooling_flags_are_read_by_truthiness(backbone, tmp_path):
+    directory = save_sentence_transformer(backbone, tmp_path / "st", pooling="cls")
+    modules = json.loads((directory / "modules.json").read_text())
+    pooling_folder = directory / next(module["path"] for module in modules if module["type"].endswith("Pooling"))
+    legacy = {"word_embedding_dimension": 32, "pooling_mode_cls_token": 1, "pooling_mode_mean_tokens": 0}
+    (pooling_folder / "config.json").write_text(json.dumps(legacy))
+    assert compare_with_sentence_transformers(directory) <= 1e-5
+
+
+def test_do_lower_case_lowercases_after_special_tokens_are_split_off(backbone, tmp_path):
+    directory = save_sentence_transformer(backbone, tmp_path / "st", prompt="Query [MASK]: ")
+    config = json.loads((directory / "sentence_bert_config.json").read_text())
+    (directory / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
+    assert compare_with_sentence_transformers(directory, [*ST_TEXTS, "ÀÉÎ [MASK] Õü [CLS]"]) <= 1e-5
+
+
+def dense_checkpoint(backbone: Path, directory: Path) -> Path:
+    from sentence_transformers.base.modules import Dense
+
+    torch.manual_seed(1)
+    save_sentence_transformer(backbone, directory, Dense(32, 16))
+    return next(directory.glob("*_Dense"))
+
+
+@pytest.mark.parametrize("tensor", ["broadcast", "meta"])
+def test_dense_weights_get_the_checks_of_the_encoder_weights(backbone, tmp_path, tensor):
+    from hfbert.tools.embedding import Embedder
+
+    dense = dense_checkpoint(backbone, tmp_path / "st")
+    from safetensors.torch import load_file
+
+    state = load_file(dense / "model.safetensors")
+    if tensor == "broadcast":  # a few bytes that claim 16 x 32 values
+        state["linear.weight"] = torch.full((1,), 0.5, dtype=torch.float16).expand(16, 32)
+    else:
+        state["linear.weight"] = torch.empty(16, 32, device="meta")
+    (dense / "model.safetensors").unlink()
+    torch.save(state, dense / "pytorch_model.bin")
+    with pytest.raises(
+        hfbert.CheckpointError, match=r"pytorch_model\.bin: tensor 'linear\.weight' (of shape .* claims|is a meta)"
+    ):
+        Embedder(tmp_path / "st")
+
+
+def test_an_unexpected_dense_tensor_is_refused_as_sentence_transformers_refuses_it(backbone, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hfbert.tools.embedding import Embedder
+
+    dense = dense_checkpoint(backbone, tmp_path / "st")
+    state = load_file(dense / "model.safetensors")
+    save_file({**state, "activation_function.weight": torch.ones(1)}, dense / "model.safetensors")
+    with pytest.raises(hfbert.CheckpointError, match="activation_function.weight"):
+        Embedder(tmp_path / "st")
+
+
+@pytest.mark.parametrize(
+    "name", ["torch.utils.model_dump.__main__.Tanh", "torch.nn.modules.activation.Threshold", "torch.os.system"]
+)
+def test_a_dense_activation_is_looked_up_in_a_fixed_table_never_imported(backbone, tmp_path, name):
+    import sys
+
+    from hfbert.tools.embedding import Embedder
+
+    dense = dense_checkpoint(backbone, tmp_path / "st")
+    config = json.loads((dense / "config.json").read_text())
+    (dense / "config.json").write_text(json.dumps({**config, "activation_function": name}))
+    imported = set(sys.modules)
+    with pytest.raises(ValueError, match="activation_function"):
+        Embedder(tmp_path / "st")
+    assert not {module for module in set(sys.modules) - imported if module.startswith("torch.utils.model_dump")}
+
+
+@pytest.mark.parametrize("relative", ["sentence_bert_config.json", "modules.json", "POOLING/config.json"])
+def test_deeply_nested_pipeline_json_names_the_file(backbone, tmp_path, capsys, relative):
+    from support.robust import assert_one_line, run
+
+    directory = save_sentence_transformer(backbone, tmp_path / "st")
+    if relative.startswith("POOLING"):
+        relative = relative.replace("POOLING", next(path.name for path in directory.glob("*_Pooling")))
+    (directory / relative).write_text("[" * 100_000 + "]" * 100_000)
+    capsys.readouterr()  # what building the checkpoint printed
+    code, stderr = run(capsys, "embed", directory, "a text")
+    assert_one_line(code, stderr, str(directory / relative), "nested too deeply")
+    assert "unexpected" not in stderr

@@ -231,11 +231,23 @@ class BertTokenizer:
             return BatchEncoding({key: _as_tensor(key, value, return_tensors) for key, value in output.items()})
         return BatchEncoding(output if batched else {key: value[0] for key, value in output.items()})
 
+    def lowercase_first(self) -> None:
+        """Lowercase every text before the normalizer runs, after added and special tokens are split off (so
+        "[MASK]" in a text stays one token): what sentence-transformers' `do_lower_case` does to a tokenizer (it puts
+        tokenizers' `Lowercase` in front of the normalizer, unless the normalizer has one already)."""
+        normalizer = self._tokenizer.normalizer
+        parts = _normalizer_parts(normalizer)
+        if any(isinstance(part, normalizers.Lowercase) for part in parts):
+            return
+        self._tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
+
     def _can_shorten(self) -> bool:
         # Cutting a text at whitespace keeps every token before the cut only for pipelines that split words at
-        # whitespace and normalise character by character: BERT's own.
-        return isinstance(self._tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer) and isinstance(
-            self._tokenizer.normalizer, (normalizers.BertNormalizer, type(None))
+        # whitespace and normalise character by character: BERT's own (with a Lowercase in front, as
+        # sentence-transformers' do_lower_case puts it).
+        per_character = (normalizers.BertNormalizer, normalizers.Lowercase)
+        return isinstance(self._tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer) and all(
+            isinstance(part, per_character) for part in _normalizer_parts(self._tokenizer.normalizer)
         )
 
     def _shorten(self, text: str, max_length: int) -> str:
@@ -334,6 +346,13 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
         special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
     )
     return tokenizer
+
+
+def _normalizer_parts(normalizer: normalizers.Normalizer | None) -> list[normalizers.Normalizer]:
+    """The normalizers a tokenizer applies, in order: the members of a Sequence, or the one normalizer."""
+    if normalizer is None:
+        return []
+    return list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer]
 
 
 def _bert_normalizer(config: dict[str, Any]) -> normalizers.Normalizer:

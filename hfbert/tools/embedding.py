@@ -117,6 +117,8 @@ class Embedder:
         config = self.model.config
         limit = config.max_position_embeddings
         self.pipeline = read_pipeline(directory, config.hidden_size, limit, self.tokenizer.model_max_length)
+        if self.pipeline.do_lower_case:  # inside the tokenizer, after special tokens, as sentence-transformers 6
+            self.tokenizer.lowercase_first()
         self._override(modes, normalize, max_length, limit, prompt, prompt_name, directory)
         self.batch_size = batch_size
         self.max_length = self.pipeline.max_length
@@ -125,6 +127,7 @@ class Embedder:
         for step in self.pipeline.steps:
             if isinstance(step, Dense):
                 step.linear.to(self.model.device)
+                step.activation.to(self.model.device)  # PReLU's slope
                 if isinstance(step.residual, nn.Linear):
                     step.residual.to(self.model.device)
 
@@ -165,8 +168,7 @@ class Embedder:
         """How many leading tokens the prompt takes (its trailing [SEP] not counted), when pooling leaves it out."""
         if not self.pipeline.prompt or self.pipeline.include_prompt:
             return 0
-        text = self.pipeline.prompt.lower() if self.pipeline.do_lower_case else self.pipeline.prompt
-        ids = self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self.tokenizer(self.pipeline.prompt, truncation=True, max_length=self.max_length)["input_ids"]
         special = {self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id}
         special |= {self.tokenizer.unk_token_id, self.tokenizer.mask_token_id}
         return len(ids) - (ids[-1] in special)
@@ -187,8 +189,7 @@ class Embedder:
         return self.pipeline.normalize
 
     def _prepared(self, text: str) -> str:
-        text = (self.pipeline.prompt or "") + text
-        return text.lower() if self.pipeline.do_lower_case else text
+        return (self.pipeline.prompt or "") + text
 
     @torch.no_grad()
     def embed(self, texts: Sequence[str], progress: Any = None) -> Tensor:
