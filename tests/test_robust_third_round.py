@@ -309,3 +309,53 @@ def test_deeply_nested_pipeline_json_names_the_file(backbone, tmp_path, capsys, 
     code, stderr = run(capsys, "embed", directory, "a text")
     assert_one_line(code, stderr, str(directory / relative), "nested too deeply")
     assert "unexpected" not in stderr
+
+
+# -- 6. legacy added_tokens.json and additional_special_tokens, as transformers loads them --------------------------
+
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefg", "hello", "world"]
+LEGACY_CASES = {
+    "added_tokens.json": ({"[E1]": 14, "Newword": 15}, None, {}),
+    "added_tokens.json with a special map": ({"[E1]": 14, "Newword": 15}, {"additional_special_tokens": ["[E1]"]}, {}),
+    "special map only": (None, {"additional_special_tokens": ["[E1]"]}, {}),
+    "config only": (None, None, {"additional_special_tokens": ["[E1]", "[E2]"]}),
+    "added_tokens.json and config": ({"[E1]": 14}, None, {"additional_special_tokens": ["[E1]"]}),
+    "ids that do not follow the vocabulary": ({"hello": 12, "[E1]": 20}, None, {}),
+    "extra_special_tokens": (None, {"additional_special_tokens": ["[E2]"]}, {"extra_special_tokens": ["[E1]"]}),
+}
+
+
+@pytest.mark.parametrize("case", list(LEGACY_CASES))
+def test_legacy_added_and_special_tokens_tokenize_as_in_transformers(tmp_path, case):
+    import transformers
+
+    added, special_map, config = LEGACY_CASES[case]
+    (tmp_path / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
+    if added is not None:
+        (tmp_path / "added_tokens.json").write_text(json.dumps(added))
+    if special_map is not None:
+        (tmp_path / "special_tokens_map.json").write_text(json.dumps(special_map))
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, **config}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = hfbert.BertTokenizer.from_pretrained(tmp_path)
+    for text in ["hello [E1] world", "a newword [e1] Newword [E2]", "[E1][E2]hello"]:
+        assert ours(text)["input_ids"] == reference(text)["input_ids"], text
+    assert len(ours) == len(reference)
+
+
+def test_legacy_added_tokens_beside_a_tokenizer_json(tmp_path):
+    import shutil
+
+    import transformers
+
+    for name in ("tokenizer.json", "vocab.txt"):
+        shutil.copy(minilm_directory() / name, tmp_path / name)
+    config = json.loads((minilm_directory() / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "additional_special_tokens": ["[E2]"]}))
+    (tmp_path / "added_tokens.json").write_text(json.dumps({"[E1]": 30522, "Newword": 30523}))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = hfbert.BertTokenizer.from_pretrained(tmp_path)
+    for text in ["hello [E1] world [E2]", "a newword [e1] Newword"]:
+        assert ours(text)["input_ids"] == reference(text)["input_ids"], text
