@@ -4,8 +4,11 @@ config.json (with `architectures` naming the class), `model.safetensors` or shar
 `pytorch_model.bin` when `safe_serialization=False`), tied weights stored once, and the tokenizer files of the
 checkpoint the model was loaded from; for a backbone (`BertModel`) also its sentence-transformers files
 (modules.json, 1_Pooling/, ...), so `SentenceTransformer(folder)` keeps the checkpoint's pooling and Normalize.
-Files of those kinds that an earlier save into the same folder left and this one does not write are removed
-(`converters.writing.atomic_directory`).
+Into an existing folder a save replaces only what the model owns, as transformers' does: config.json and the
+weights (old weight files of the naming it writes go, `converters.writing.remove_stale_weights`). Tokenizer and
+sentence-transformers files are copied only into a folder that has none of them: a tokenizer saved there first
+(an added token), `SentenceTransformer.save` (a default prompt) or the user's own files are never overwritten
+or deleted.
 """
 
 from __future__ import annotations
@@ -51,5 +54,7 @@ def save_model(
         written.append(CONFIG_FILE)
         if model.name_or_path and Path(model.name_or_path).is_dir():
             backbone = not model.base_prefix  # BertModel: what a sentence-transformers pipeline runs
-            written += copy_model_files(Path(model.name_or_path), temporary, sentence_transformers=backbone)
+            written += copy_model_files(
+                Path(model.name_or_path), temporary, sentence_transformers=backbone, beside=destination
+            )
     return written

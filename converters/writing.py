@@ -5,9 +5,12 @@ Used by `hfbert convert` and `save_pretrained`. Shards are cut by huggingface_hu
 transformers writes: `model-00001-of-00003.safetensors` and `model.safetensors.index.json` with
 `metadata.total_parameters` / `metadata.total_size`, keys sorted, two-space indent.
 
-A save into a folder that held another model leaves a folder that describes one model: the files of the kinds
-hfbert writes (weights, config.json, tokenizer files, sentence-transformers files) that the new save does not
-write are removed; every other file (a README.md, the user's notes) is left alone.
+A save into an existing folder replaces what the model owns, as transformers' `save_pretrained` does: config.json
+and its weights. Weight files of the written format's naming that the new save does not write (old shards, an old
+index or single file) are removed, and, for a `pytorch_model.bin` save, the safetensors weights every loader would
+read instead of it. Nothing else is deleted or overwritten: tokenizer files, sentence-transformers files, a
+README.md, the user's notes stay as a tokenizer, sentence-transformers or the user wrote them, in this process or
+earlier (`copy_model_files` adds the source checkpoint's tokenizer / pipeline files only where the folder has none).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from torch import Tensor
 
 from converters.atomic_write import follow_umask, mode_for, temporary_sibling
 from converters.checkpoint_files import PICKLE_FILE, SAFETENSORS_INDEX
-from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sentence_transformers_files
+from converters.hub import TOKENIZER_FILES, sentence_transformers_files
 
 # Our own parser, not huggingface_hub's `parse_size_to_int`, which (2.4) raises OverflowError on "1e400GB" and on a
 # 400-digit size, takes "-5GB" (every tensor then gets a shard of its own) and knows neither "500B" nor "500MiB".
@@ -37,13 +40,10 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _MAX_SHARD_SIZE = 10**15  # beyond any disk: a larger value is a typo
 _SHARD_PATTERN = "model{suffix}.safetensors"
-# Weight files of any earlier save (transformers' and hfbert's names, safetensors and pickle, whole or sharded).
-_WEIGHT_FILE = re.compile(
-    r"^(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
-    r"|pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json)$"
-)
-# sentence-transformers' model card: copied by neither convert nor save_pretrained, so a README.md in a save
-# folder is the user's and never removed.
+# The weight files of one format (whole, index, shards), by transformers' names.
+_SAFETENSORS_WEIGHTS = re.compile(r"^(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json)$")
+_PICKLE_WEIGHTS = re.compile(r"^(pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json)$")
+# sentence-transformers' model card: copied by neither convert nor save_pretrained.
 _MODEL_CARD = "README.md"
 _MODULE_FOLDER = re.compile(r"^[0-9]+_")  # sentence-transformers' module folders: 1_Pooling, 2_Dense, ...
 
@@ -123,10 +123,8 @@ def atomic_directory(destination: Path, *, replace_files: bool = False) -> Itera
 
     A new destination appears by one rename, with the permissions `mkdir()` / `open()` give under the umask (not
     mkdtemp's 0700). With `replace_files=True` an existing destination is updated file by file (each `os.replace`
-    is atomic; a file replaced keeps its mode), and the files of hfbert's kinds an earlier save left that this
-    one does not write are removed afterwards (`remove_stale_files`), so the folder describes one model: old
-    shards never mix with new ones, and another model's tokenizer or sentence-transformers pipeline does not
-    outlive it.
+    is atomic; a file replaced keeps its mode), then the weight files of an earlier save that this one replaces
+    are removed (`remove_stale_weights`), so old shards never mix with new ones. Every other file stays.
     """
     # Beside the destination, named after this process: a run killed by SIGKILL leaves it behind, and the next
     # write to this destination removes it (converters.atomic_write.remove_leftovers).
@@ -145,7 +143,7 @@ def atomic_directory(destination: Path, *, replace_files: bool = False) -> Itera
             target.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(temporary / relative, mode_for(target))
             os.replace(temporary / relative, target)
-        remove_stale_files(destination, written)
+        remove_stale_weights(destination, written)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
 
@@ -155,32 +153,31 @@ def _relative_files(root: Path) -> list[str]:
     return sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if not path.is_dir())
 
 
-def is_checkpoint_file(relative: str) -> bool:
-    """True for a path (relative to a checkpoint folder) of a kind hfbert writes: weights, config.json, tokenizer
-    files, sentence-transformers files (README.md excepted: the user's)."""
-    if relative in (CONFIG_FILE, *TOKENIZER_FILES) or _WEIGHT_FILE.match(relative):
-        return True
-    return relative != _MODEL_CARD and bool(sentence_transformers_files([relative]))
-
-
-def remove_stale_files(directory: Path, written: Iterable[str]) -> list[str]:
-    """Remove the files of hfbert's kinds in `directory` that are not among `written` (relative paths): what an
-    earlier save of another model left. Folders this empties (`1_Pooling/`) go too; nothing else is touched (a
-    Trainer's `checkpoint-500/` is not looked into). Returns the paths removed."""
+def remove_stale_weights(directory: Path, written: Iterable[str]) -> list[str]:
+    """Remove the weight files directly in `directory` that a save which wrote `written` replaces, as transformers'
+    `save_pretrained` removes the shards of its own naming it did not write: the safetensors weights (single file,
+    index, shards) it did not write; after a `pytorch_model.bin` save also every safetensors weight file (loaders
+    prefer them, so they would be read instead) and the pickle shards and index it did not write. Returns the names
+    removed; no other file is touched."""
     written = set(written)
-    stale = [relative for relative in _candidates(directory) if is_checkpoint_file(relative)]
-    stale = [relative for relative in stale if relative not in written]
-    for relative in stale:
-        (directory / relative).unlink(missing_ok=True)
-        parent = (directory / relative).parent
-        if parent != directory and not any(parent.iterdir()):
-            parent.rmdir()
-    return stale
+    owned = [_SAFETENSORS_WEIGHTS]
+    if any(_PICKLE_WEIGHTS.match(name) for name in written):
+        owned.append(_PICKLE_WEIGHTS)
+    stale = []
+    for entry in os.scandir(directory):
+        if entry.name in written or not (entry.is_symlink() or entry.is_file(follow_symlinks=False)):
+            continue
+        if any(pattern.match(entry.name) for pattern in owned):
+            os.unlink(entry.path)
+            stale.append(entry.name)
+    return sorted(stale)
 
 
-def _candidates(directory: Path) -> list[str]:
-    """The files directly in `directory`, and those one level down in folders named as sentence-transformers
-    names its module folders ("1_Pooling"): every place a file of hfbert's kinds can be."""
+def _present(directory: Path | None) -> list[str]:
+    """The files directly in `directory` and one level down in sentence-transformers' module folders ("1_Pooling"):
+    every place a tokenizer or sentence-transformers file can be. [] when there is no such directory."""
+    if directory is None or not directory.is_dir():
+        return []
     found = []
     for entry in os.scandir(directory):
         if entry.is_file(follow_symlinks=False) or entry.is_symlink():
@@ -190,14 +187,23 @@ def _candidates(directory: Path) -> list[str]:
     return found
 
 
-def copy_model_files(source: Path, destination: Path, *, sentence_transformers: bool) -> list[str]:
+def copy_model_files(
+    source: Path, destination: Path, *, sentence_transformers: bool, beside: Path | None = None
+) -> list[str]:
     """Copy the tokenizer files `source` has into `destination`, and with `sentence_transformers` (a backbone,
     which `SentenceTransformer(folder)` can run) its sentence-transformers files (modules.json, 1_Pooling/, ...),
-    so the pipeline the checkpoint describes (pooling, Normalize, max_seq_length) survives. Returns their paths."""
-    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
-    if sentence_transformers and source.is_dir():
-        present = _relative_files(source)
-        copied += [path for path in sentence_transformers_files(present) if path != _MODEL_CARD]
+    so the pipeline the checkpoint describes (pooling, Normalize, max_seq_length) survives. Returns their paths.
+
+    `beside`: the folder the result will replace files in. Each group (tokenizer files; sentence-transformers files)
+    is copied only when `beside` holds no file of that group: what a tokenizer, sentence-transformers or the user
+    saved there (an added token, a default prompt) is never overwritten, nor mixed with another checkpoint's."""
+    present = _present(beside)
+    copied = []
+    if not any(name in TOKENIZER_FILES for name in present):
+        copied += [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    pipeline_present = [path for path in sentence_transformers_files(present) if path != _MODEL_CARD]
+    if sentence_transformers and source.is_dir() and not pipeline_present:
+        copied += [path for path in sentence_transformers_files(_relative_files(source)) if path != _MODEL_CARD]
     for relative in copied:
         (destination / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / relative, destination / relative)

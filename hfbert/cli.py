@@ -114,6 +114,7 @@ def inspect_command(arguments: argparse.Namespace) -> None:
 def parity_command(arguments: argparse.Namespace) -> int:
     from hfbert.tools.extras import import_pyplot
     from hfbert.tools.parity import read_texts, run_parity
+    from hfbert.tools.texts import refuse_output_over_stdin
 
     if arguments.plot:
         import_pyplot()  # fail before the run, not after it
@@ -131,6 +132,7 @@ def parity_command(arguments: argparse.Namespace) -> int:
         {"--texts": arguments.texts},
         {"MODEL": directory, "--reference": reference},
     )
+    refuse_output_over_stdin({"--json": arguments.json, "--plot": arguments.plot}, arguments.texts)
     report = run_parity(
         directory,
         device=arguments.device,
@@ -158,7 +160,7 @@ def parity_command(arguments: argparse.Namespace) -> int:
 
 def embed_command(arguments: argparse.Namespace) -> None:
     from hfbert.tools.embedding import Embedder, embed_file, output_kind, read_texts
-    from hfbert.tools.texts import count_lines, is_regular_file
+    from hfbert.tools.texts import count_lines, is_regular_file, refuse_output_over_stdin
 
     output_kind(arguments.out)  # a wrong suffix fails before the model loads
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -169,6 +171,7 @@ def embed_command(arguments: argparse.Namespace) -> None:
         )
     directory = resolve_model(arguments, arguments.model, include_tokenizer=True, include_sentence_transformers=True)
     refuse_overwriting_inputs({"--out": arguments.out}, {"--file": arguments.file}, {"MODEL": directory})
+    refuse_output_over_stdin({"--out": arguments.out}, arguments.file)
     device = arguments.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = f"cuda:{os.environ['LOCAL_RANK']}"

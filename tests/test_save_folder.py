@@ -1,7 +1,8 @@
-"""A save folder describes one model: `save_pretrained` into a folder that held another model removes that model's
-weights, tokenizer and sentence-transformers files the new save does not write, never a user's other files; a
-backbone's save and `convert` keep the checkpoint's sentence-transformers pipeline (pooling, Normalize), so
-`SentenceTransformer(folder)` encodes as the original does.
+"""`save_pretrained` into a folder replaces what the model owns, as transformers' does: config.json and the weights
+(old shards and weight files of its naming go). Tokenizer files, sentence-transformers files and a user's files
+stay as they were (issue 33: a tokenizer saved there first keeps its added token); into a folder without them a
+backbone's save and `convert` copy the checkpoint's tokenizer and sentence-transformers pipeline (pooling,
+Normalize), so `SentenceTransformer(folder)` encodes as the original does.
 
 Judged against transformers' `AutoTokenizer` and sentence-transformers' `encode`, on the real all-MiniLM-L6-v2.
 """
@@ -41,7 +42,7 @@ def other_model(tmp_path) -> Path:
     return directory
 
 
-def test_a_save_over_another_model_tokenises_as_the_new_model(tmp_path, other_model):
+def test_a_save_over_another_model_replaces_config_and_weights_and_leaves_the_rest(tmp_path, other_model):
     import transformers
 
     folder = tmp_path / "d"
@@ -54,35 +55,27 @@ def test_a_save_over_another_model_tokenises_as_the_new_model(tmp_path, other_mo
     (folder / "checkpoint-500" / "tokenizer.json").write_text("{}")
     (folder / "1_Pooling").mkdir(exist_ok=True)
     (folder / "1_Pooling" / "mine.txt").write_text("mine too")
+    before = {relative: (folder / relative).read_bytes() for relative in files_under(folder)}
 
     hfbert.BertModel.from_pretrained(other_model).save_pretrained(folder)
-    expected = transformers.AutoTokenizer.from_pretrained(other_model)(TEXT)["input_ids"]
-    assert expected == [2, 12, 13, 3]
-    # MiniLM's tokenizer.json, left behind, won over the new vocab.txt: [101, 7592, 2088, 102]
-    assert transformers.AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"] == expected
-    assert BertTokenizer.from_pretrained(folder)(TEXT)["input_ids"] == expected
-    assert files_under(folder) == [
-        "1_Pooling/mine.txt",
-        "README.md",
-        "checkpoint-500/tokenizer.json",
-        "config.json",
-        "model.safetensors",
-        "notes.txt",
-        "tokenizer_config.json",
-        "vocab.txt",
-    ]
+    # As transformers' save_pretrained: the tokenizer in the folder is the one saved there (MiniLM's), untouched.
+    model_files = ("config.json", "model.safetensors")
+    kept = {relative: (folder / relative).read_bytes() for relative in before if relative not in model_files}
+    assert kept == {relative: content for relative, content in before.items() if relative not in model_files}
+    assert transformers.AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"] == [101, 7592, 2088, 102]
+    assert BertTokenizer.from_pretrained(folder)(TEXT)["input_ids"] == [101, 7592, 2088, 102]
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == 14
     assert (folder / "notes.txt").read_text() == "mine" and (folder / "README.md").read_text() == "my model card"
 
 
-def test_stale_files_of_every_kind_go_and_emptied_module_folders_with_them(tmp_path, other_model):
+def test_stale_weight_files_go_and_every_other_file_stays(tmp_path, other_model):
     folder = tmp_path / "d"
     folder.mkdir()
-    stale = [
-        "pytorch_model.bin",
+    stale = ["model-00001-of-00002.safetensors", "model.safetensors.index.json"]
+    kept = [
+        "pytorch_model.bin",  # read after model.safetensors by every loader, as transformers leaves it
         "pytorch_model-00001-of-00002.bin",
         "pytorch_model.bin.index.json",
-        "model-00001-of-00002.safetensors",
-        "model.safetensors.index.json",
         "added_tokens.json",
         "tokenizer.json",
         "special_tokens_map.json",
@@ -92,15 +85,18 @@ def test_stale_files_of_every_kind_go_and_emptied_module_folders_with_them(tmp_p
         "2_Dense/config.json",
         "2_Dense/model.safetensors",
         "3_Normalize/config.json",
+        "2_Dense/notes.txt",
+        "model.safetensors.backup",
+        "my_vocab.txt",
+        "README.md",
     ]
-    kept = ["2_Dense/notes.txt", "model.safetensors.backup", "my_vocab.txt", "README.md"]
     for relative in stale + kept:
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
         (folder / relative).write_text("old")
     hfbert.BertModel.from_pretrained(other_model).save_pretrained(folder)
-    written = ["config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
-    assert files_under(folder) == sorted(written + kept)
-    assert not (folder / "3_Normalize").exists()
+    # The folder has tokenizer and sentence-transformers files already: none of the source's is copied over them.
+    assert sorted(files_under(folder)) == sorted(["config.json", "model.safetensors", *kept])
+    assert all((folder / relative).read_text() == "old" for relative in kept)
 
 
 def test_a_task_model_saved_from_a_sentence_transformers_checkpoint_does_not_claim_its_pipeline(tmp_path):

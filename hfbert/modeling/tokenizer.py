@@ -89,9 +89,11 @@ class BertTokenizer:
         """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
         directory = _local_directory(pretrained_model_name_or_path, revision)
         has_config = (directory / "tokenizer_config.json").is_file()
-        config = read_tokenizer_options(directory / "tokenizer_config.json")
-        if "added_tokens_decoder" not in config:  # transformers lets the legacy map override the config then
-            config.update(read_tokenizer_options(directory / "special_tokens_map.json"))
+        own = read_tokenizer_options(directory / "tokenizer_config.json")
+        legacy = "added_tokens_decoder" not in own  # a config from before transformers 4.34
+        # transformers lets the legacy map override the config then.
+        special_map = read_tokenizer_options(directory / "special_tokens_map.json") if legacy else {}
+        config = {**own, **special_map}
         if (directory / "tokenizer.json").is_file():
             try:
                 tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -109,6 +111,7 @@ class BertTokenizer:
                 raise ValueError(f"{directory / 'vocab.txt'}: not valid UTF-8 ({error.reason})") from None
         else:
             raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
+        _add_tokens(tokenizer, config, own, special_map, directory)
         return cls(tokenizer, config)
 
     def __getattr__(self, name: str) -> str:
@@ -231,11 +234,23 @@ class BertTokenizer:
             return BatchEncoding({key: _as_tensor(key, value, return_tensors) for key, value in output.items()})
         return BatchEncoding(output if batched else {key: value[0] for key, value in output.items()})
 
+    def lowercase_first(self) -> None:
+        """Lowercase every text before the normalizer runs, after added and special tokens are split off (so
+        "[MASK]" in a text stays one token): what sentence-transformers' `do_lower_case` does to a tokenizer (it puts
+        tokenizers' `Lowercase` in front of the normalizer, unless the normalizer has one already)."""
+        normalizer = self._tokenizer.normalizer
+        parts = _normalizer_parts(normalizer)
+        if any(isinstance(part, normalizers.Lowercase) for part in parts):
+            return
+        self._tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
+
     def _can_shorten(self) -> bool:
         # Cutting a text at whitespace keeps every token before the cut only for pipelines that split words at
-        # whitespace and normalise character by character: BERT's own.
-        return isinstance(self._tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer) and isinstance(
-            self._tokenizer.normalizer, (normalizers.BertNormalizer, type(None))
+        # whitespace and normalise character by character: BERT's own (with a Lowercase in front, as
+        # sentence-transformers' do_lower_case puts it).
+        per_character = (normalizers.BertNormalizer, normalizers.Lowercase)
+        return isinstance(self._tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer) and all(
+            isinstance(part, per_character) for part in _normalizer_parts(self._tokenizer.normalizer)
         )
 
     def _shorten(self, text: str, max_length: int) -> str:
@@ -321,8 +336,6 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
     tokenizer.normalizer = _bert_normalizer(config)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
-    # Special tokens are "added tokens" matched on the raw text, so "[MASK]" in a text stays one token.
-    tokenizer.add_special_tokens([AddedToken(token, normalized=False, special=True) for token in specials.values()])
     for _, spec in sorted(config.get("added_tokens_decoder", {}).items(), key=lambda item: int(item[0])):
         options = {key: spec[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in spec}
         added = AddedToken(spec["content"], special=bool(spec.get("special")), **options)
@@ -334,6 +347,73 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
         special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
     )
     return tokenizer
+
+
+def _normalizer_parts(normalizer: normalizers.Normalizer | None) -> list[normalizers.Normalizer]:
+    """The normalizers a tokenizer applies, in order: the members of a Sequence, or the one normalizer."""
+    if normalizer is None:
+        return []
+    return list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer]
+
+
+def _add_tokens(
+    tokenizer: Tokenizer,
+    config: dict[str, Any],
+    own: dict[str, Any],
+    special_map: dict[str, Any],
+    directory: Path,
+) -> None:
+    """Add the tokens transformers' BertTokenizer adds on top of the vocabulary (or tokenizer.json), in its order,
+    each unless the tokenizer has it already: a config from before transformers 4.34 (no `added_tokens_decoder`)
+    brings the legacy `added_tokens.json` (normalised, unless it is a special token); then the named special
+    tokens, matched on the raw text, so "[MASK]" in a text stays one token; then the extra special tokens
+    (`additional_special_tokens` / `extra_special_tokens` of tokenizer_config.json, else of
+    special_tokens_map.json). `config`: both files merged; `own`: tokenizer_config.json alone."""
+    extras = _token_list(own, "extra_special_tokens") or _token_list(own, "additional_special_tokens")
+    extras += _token_list(special_map, "extra_special_tokens")
+    specials = [_token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()]
+    tokens: list[AddedToken] = []
+    if "added_tokens_decoder" not in own:
+        # As transformers: the legacy map's additional_special_tokens are merged after the set of special tokens
+        # added_tokens.json is judged by is taken, so they do not make its tokens special.
+        special = set(specials) | {token.content for token in extras}
+        for text in _legacy_added_tokens(directory / "added_tokens.json"):
+            tokens.append(
+                AddedToken(text, lstrip=False, rstrip=False, normalized=text not in special, special=text in special)
+            )
+    tokens += [AddedToken(text, normalized=False, special=True) for text in specials]
+    has_extras = any(key in own for key in ("extra_special_tokens", "additional_special_tokens"))
+    tokens += extras if has_extras else extras + _token_list(special_map, "additional_special_tokens")
+    known = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+    for token in tokens:
+        if token.content not in known:
+            (tokenizer.add_special_tokens if token.special else tokenizer.add_tokens)([token])
+            known.add(token.content)
+
+
+def _token_list(values: dict[str, Any], name: str) -> list[AddedToken]:
+    """A list of special tokens (strings, or AddedToken objects as dicts) from a tokenizer config, as AddedTokens."""
+    value = values.get(name) or []
+    if not isinstance(value, list) or not all(_is_token(token) for token in value):
+        expected = 'a list of tokens (strings, or objects with a "content" string)'
+        raise _option_error(values.get("__source__", name), name, value, expected)
+    tokens = []
+    for token in value:
+        if isinstance(token, dict):
+            flags = {key: token[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in token}
+            tokens.append(AddedToken(token["content"], special=True, **flags))
+        else:
+            tokens.append(AddedToken(token, normalized=False, special=True))
+    return tokens
+
+
+def _legacy_added_tokens(path: Path) -> list[str]:
+    """The tokens of a legacy added_tokens.json ({"token": id}), in id order; [] without the file."""
+    added = read_json_object(path)
+    if not all(isinstance(index, int) and not isinstance(index, bool) for index in added.values()):
+        raise ValueError(f"{path}: expected an object of token -> id (an integer)")
+    by_index = {index: token for token, index in added.items() if token}  # a repeated id keeps the last token
+    return [by_index[index] for index in sorted(by_index)]
 
 
 def _bert_normalizer(config: dict[str, Any]) -> normalizers.Normalizer:

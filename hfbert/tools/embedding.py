@@ -52,9 +52,10 @@ from converters.atomic_write import atomic_file
 from converters.dtypes import DTYPES
 from hfbert.tools.extras import import_numpy
 from hfbert.tools.sentence_transformers_pipeline import POOLINGS, Dense, pool, read_json, read_pipeline
-from hfbert.tools.texts import display_name, numbered_lines
+from hfbert.tools.texts import check_unicode, read_texts
 
 CHUNK_SIZE = 10_000
+__all__ = ["CHUNK_SIZE", "Embedder", "embed_file", "output_kind", "read_texts"]
 
 
 # -- the embedder -------------------------------------------------------------------------------------------
@@ -116,6 +117,8 @@ class Embedder:
         config = self.model.config
         limit = config.max_position_embeddings
         self.pipeline = read_pipeline(directory, config.hidden_size, limit, self.tokenizer.model_max_length)
+        if self.pipeline.do_lower_case:  # inside the tokenizer, after special tokens, as sentence-transformers 6
+            self.tokenizer.lowercase_first()
         self._override(modes, normalize, max_length, limit, prompt, prompt_name, directory)
         self.batch_size = batch_size
         self.max_length = self.pipeline.max_length
@@ -124,6 +127,7 @@ class Embedder:
         for step in self.pipeline.steps:
             if isinstance(step, Dense):
                 step.linear.to(self.model.device)
+                step.activation.to(self.model.device)  # PReLU's slope
                 if isinstance(step.residual, nn.Linear):
                     step.residual.to(self.model.device)
 
@@ -164,8 +168,7 @@ class Embedder:
         """How many leading tokens the prompt takes (its trailing [SEP] not counted), when pooling leaves it out."""
         if not self.pipeline.prompt or self.pipeline.include_prompt:
             return 0
-        text = self.pipeline.prompt.lower() if self.pipeline.do_lower_case else self.pipeline.prompt
-        ids = self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self.tokenizer(self.pipeline.prompt, truncation=True, max_length=self.max_length)["input_ids"]
         special = {self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id}
         special |= {self.tokenizer.unk_token_id, self.tokenizer.mask_token_id}
         return len(ids) - (ids[-1] in special)
@@ -186,13 +189,16 @@ class Embedder:
         return self.pipeline.normalize
 
     def _prepared(self, text: str) -> str:
-        text = (self.pipeline.prompt or "") + text
-        return text.lower() if self.pipeline.do_lower_case else text
+        return (self.pipeline.prompt or "") + text
 
     @torch.no_grad()
     def embed(self, texts: Sequence[str], progress: Any = None) -> Tensor:
         """Embeddings of `texts`, in their order; longest texts are batched together first, as sentence-transformers
         does. `progress`: anything with `update(n)` (a tqdm bar) to advance by each batch's size."""
+        for index, text in enumerate(texts):  # named by its place in `texts`, not in a length-sorted batch
+            if not isinstance(text, str):
+                raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
+            check_unicode(text, f"text {index}")
         order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
         result = torch.empty(len(texts), self.dimension, dtype=torch.float32)
         for start in range(0, len(order), self.batch_size):
@@ -215,27 +221,6 @@ class Embedder:
 
 
 # -- input ----------------------------------------------------------------------------------------------------
-
-
-def read_texts(path: str | os.PathLike) -> Iterator[str]:
-    """The texts of a file (`-`: standard input), lazily and once: one per line; a `.jsonl` file holds one JSON
-    object with a "text" per line. Every line counts (an empty line of a text file is an empty text), so index i
-    is line i."""
-    jsonl = Path(path).suffix == ".jsonl"
-    name = display_name(path)
-    for number, line in numbered_lines(path):
-        if not jsonl:
-            yield line
-            continue
-        try:
-            record = json.loads(line)
-        # ValueError: bad JSON, and integers of more than 4300 digits; RecursionError: arrays nested 100,000 deep.
-        except (ValueError, RecursionError) as error:
-            reason = error.msg if isinstance(error, json.JSONDecodeError) else type(error).__name__
-            raise ValueError(f"{name}:{number}: not a JSON object ({reason})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f'{name}:{number}: expected a JSON object with a string "text" field')
-        yield record["text"]
 
 
 def chunks(items: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
@@ -447,6 +432,7 @@ def embed_file(
         try:
             writer = open_writer(temporary, embedder.dimension, kind, reserve_rows=share)
             mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+            mine = ((index, _checked(text, index)) for index, text in mine)
             for chunk in chunks(mine, chunk_size):
                 embeddings = embedder.embed([text for _, text in chunk], progress=bar)
                 writer.write([index for index, _ in chunk], embeddings)
@@ -466,6 +452,12 @@ def embed_file(
     if world > 1:
         return merge_under_torchrun(out, kind, rank, world, embedder.dimension) or writer.row
     return writer.row
+
+
+def _checked(text: str, index: int) -> str:
+    # A file's texts are checked by read_texts (file and line); texts given as a list are named by their place.
+    check_unicode(text, f"text {index} (counting from 0, in input order)")
+    return text
 
 
 def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: int, dimension: int) -> int | None:

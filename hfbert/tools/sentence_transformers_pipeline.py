@@ -24,7 +24,6 @@ capped at `max_position_embeddings`. A default prompt (`config_sentence_transfor
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from converters.checkpoint_files import CheckpointTensors, read_weight_file
+from converters.errors import CheckpointError
+from converters.loading import non_finite
 
 # sentence-transformers' pooling modes, in the order its legacy booleans concatenate them.
 POOLINGS = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -47,6 +50,22 @@ _LEGACY_POOLING_KEYS = {
 # Module types of modules.json by their class name; the package paths of both formats are accepted.
 _MODULE_PACKAGES = ("sentence_transformers.models", "sentence_transformers.base", "sentence_transformers.sentence_")
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "Dropout")
+# The activations a Dense module may name: torch.nn's activation modules that sentence-transformers can build
+# without arguments (it calls the class with none), and Identity. A fixed table: a name is looked up here, never
+# imported (an import by name would run any module torch ships, command-line tools included).
+_ACTIVATION_CLASSES = (
+    nn.CELU, nn.ELU, nn.GELU, nn.GLU, nn.Hardshrink, nn.Hardsigmoid, nn.Hardswish, nn.Hardtanh, nn.Identity,
+    nn.LeakyReLU, nn.LogSigmoid, nn.LogSoftmax, nn.Mish, nn.PReLU, nn.ReLU, nn.ReLU6, nn.RReLU, nn.SELU, nn.SiLU,
+    nn.Sigmoid, nn.Softmax, nn.Softmax2d, nn.Softmin, nn.Softplus, nn.Softshrink, nn.Softsign, nn.Tanh,
+    nn.Tanhshrink,
+)  # fmt: skip
+# Each by the names that import it in sentence-transformers: the full one its save writes
+# ("torch.nn.modules.activation.Tanh") and the public ones ("torch.nn.Tanh", "torch.nn.modules.Tanh").
+ACTIVATIONS = {
+    f"{prefix}.{cls.__name__}": cls
+    for cls in _ACTIVATION_CLASSES
+    for prefix in (cls.__module__, "torch.nn", "torch.nn.modules")
+}
 
 
 __all__ = ["POOLINGS", "SUPPORTED_MODULES", "Dense", "Pipeline", "pool", "read_pipeline"]
@@ -147,14 +166,22 @@ class Pipeline:
 def read_json(path: Path) -> dict[str, Any]:
     """The JSON object in `path`; {} when there is no such file; ValueError naming the file otherwise."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = _load_json(path)
     except FileNotFoundError:
         return {}
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return value
+
+
+def _load_json(path: Path) -> Any:
+    """The JSON value in `path`; ValueError naming the file for bad UTF-8, bad JSON, integers of more than 4300
+    digits and nesting deeper than Python's recursion limit (100,000 brackets)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        reason = " ".join(str(error).split())[:200] if isinstance(error, ValueError) else "nested too deeply"
+        raise ValueError(f"{path}: not valid JSON ({reason})") from None
 
 
 def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
@@ -177,10 +204,12 @@ def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
 def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...], bool]:
     config_file = directory / "config.json"
     config = read_json(config_file)
-    mode = config.get("pooling_mode")
-    if mode is None:  # the legacy booleans; none set means mean, as in sentence-transformers
-        modes = tuple(name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key) is True) or ("mean",)
+    if "pooling_mode" not in config:
+        # The legacy flags, read as sentence-transformers reads them: by truthiness (older configs write 1 / 0);
+        # none set means mean.
+        modes = tuple(name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key)) or ("mean",)
     else:
+        mode = config["pooling_mode"]
         modes = (mode,) if isinstance(mode, str) else tuple(mode) if isinstance(mode, list) else ()
         if not modes or any(m not in POOLINGS for m in modes):
             raise ValueError(f"{config_file}: pooling_mode {mode!r}; expected one of {', '.join(POOLINGS)} or a list")
@@ -189,24 +218,21 @@ def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...],
         raise ValueError(
             f"{config_file}: pooling over dimension {dimension}, but the encoder's hidden size is {hidden_size}"
         )
-    return modes, config.get("include_prompt", True) is not False
+    return modes, bool(config.get("include_prompt", True))  # truthiness, as sentence-transformers' `if not ...`
 
 
 def _activation(name: Any, config_file: Path) -> nn.Module:
-    """A torch.nn activation module from its dotted class name, as sentence-transformers loads it without
-    trust_remote_code (only torch's own classes)."""
+    """The activation module a Dense config names (`ACTIVATIONS`), in eval mode, as sentence-transformers builds it
+    without trust_remote_code: the class called with no arguments."""
     if name is None:
         return nn.Tanh()  # Dense's default
-    module_name, _, class_name = str(name).rpartition(".")
-    if not module_name.startswith("torch."):
-        raise ValueError(f"{config_file}: activation_function {name!r} is not a torch.nn class; hfbert runs only those")
-    try:
-        activation = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError):
-        raise ValueError(f"{config_file}: activation_function {name!r} does not exist in this torch") from None
-    if not (isinstance(activation, type) and issubclass(activation, nn.Module)):
-        raise ValueError(f"{config_file}: activation_function {name!r} is not a torch.nn.Module class")
-    return activation()
+    activation = ACTIVATIONS.get(name) if isinstance(name, str) else None
+    if activation is None:
+        raise ValueError(
+            f"{config_file}: activation_function {name!r} is not one hfbert runs (torch.nn's activation modules, "
+            f"e.g. 'torch.nn.modules.activation.Tanh', and Identity)"
+        )
+    return activation().eval()
 
 
 def _dense(directory: Path, in_features: int) -> Dense:
@@ -221,9 +247,13 @@ def _dense(directory: Path, in_features: int) -> Dense:
             raise ValueError(f"{config_file}: {key} {config[key]!r}; hfbert embed runs Dense on the sentence embedding")
     if inputs != in_features:
         raise ValueError(f"{config_file}: in_features {inputs}, but the embedding before it has {in_features}")
+    activation = _activation(config.get("activation_function"), config_file)
     tensors = _dense_weights(directory)
     linear = nn.Linear(inputs, outputs, bias=bias, device="meta")
     expected = {"linear.weight": (outputs, inputs)} | ({"linear.bias": (outputs,)} if bias else {})
+    # An activation with parameters (PReLU's slope) stores them in the Dense module's state, as sentence-transformers
+    # saves and loads it.
+    expected |= {f"activation_function.{key}": tuple(value.shape) for key, value in activation.state_dict().items()}
     residual: nn.Module | None = None
     if config.get("use_residual", False):
         if inputs == outputs:
@@ -232,29 +262,40 @@ def _dense(directory: Path, in_features: int) -> Dense:
             residual = nn.Linear(inputs, outputs, bias=False, device="meta")
             expected["residual.weight"] = (outputs, inputs)
     for name, shape in expected.items():
-        tensor = tensors.get(name)
+        tensor = tensors.tensors.get(name)
         if tensor is None or tuple(tensor.shape) != shape or not tensor.is_floating_point():
             found = "missing" if tensor is None else f"{tuple(tensor.shape)} {tensor.dtype}"
-            raise ValueError(
+            raise CheckpointError(
                 f"{directory}: Dense weight {name!r} should be a float tensor of shape {shape}, is {found}"
             )
-    linear.load_state_dict(
-        {k.removeprefix("linear."): v.float() for k, v in tensors.items() if k.startswith("linear.")}, assign=True
-    )
+        problem = non_finite(tensor)
+        if problem:
+            raise CheckpointError(f"{tensors.origin[name]}: Dense weight {name!r} {problem}")
+    unexpected = sorted(set(tensors.tensors) - set(expected))
+    if unexpected:  # sentence-transformers refuses them too
+        raise CheckpointError(f"{tensors.files[0]}: tensor {unexpected[0]!r} is not a weight of this Dense module")
+    state = {name: tensors.tensors[name].float() for name in expected}
+    linear.load_state_dict(_part(state, "linear."), assign=True)
     if isinstance(residual, nn.Linear):
-        residual.load_state_dict({"weight": tensors["residual.weight"].float()}, assign=True)
-    return Dense(linear, _activation(config.get("activation_function"), config_file), residual)
+        residual.load_state_dict(_part(state, "residual."), assign=True)
+    activation.load_state_dict(_part(state, "activation_function."))
+    return Dense(linear.eval(), activation, residual)
 
 
-def _dense_weights(directory: Path) -> dict[str, Tensor]:
-    if (directory / "model.safetensors").is_file():
-        from safetensors.torch import load_file
+def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of `state` under `prefix`, named as the submodule names them."""
+    return {name.removeprefix(prefix): tensor for name, tensor in state.items() if name.startswith(prefix)}
 
-        return load_file(directory / "model.safetensors")
-    if (directory / "pytorch_model.bin").is_file():
-        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        if isinstance(state, dict):
-            return state
+
+def _dense_weights(directory: Path) -> CheckpointTensors:
+    """The Dense module's tensors, read and checked as the encoder's are (`converters.checkpoint_files`):
+    safetensors validated by the library, pickles only with weights_only=True and every tensor's storage holding
+    the values its shape claims (no 4-byte file expanding to gigabytes, no meta tensors)."""
+    tensors = CheckpointTensors()
+    for name in ("model.safetensors", "pytorch_model.bin"):  # sentence-transformers' order
+        if (directory / name).is_file():
+            read_weight_file(directory / name, tensors)
+            return tensors
     raise ValueError(f"{directory}: a Dense module without weights (model.safetensors or pytorch_model.bin)")
 
 
@@ -272,10 +313,7 @@ def read_pipeline(
             capped,
             source="no sentence-transformers modules.json (mean pooling, as SentenceTransformer does)",
         )
-    try:
-        entries = json.loads(modules_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{modules_file}: not valid JSON ({error})") from None
+    entries = _load_json(modules_file)
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
     kinds = [_module_kind(entry, modules_file) for entry in entries]
@@ -291,7 +329,8 @@ def read_pipeline(
         raise ValueError(
             f"{directory / 'sentence_bert_config.json'}: max_seq_length {length!r}; expected a positive integer"
         )
-    pipeline = Pipeline(max_length=max_length, do_lower_case=transformer.get("do_lower_case") is True)
+    # Truthiness, as sentence-transformers' `if do_lower_case:`.
+    pipeline = Pipeline(max_length=max_length, do_lower_case=bool(transformer.get("do_lower_case")))
     pipeline.source = "sentence-transformers (modules.json)"
     dimension, pooled = hidden_size, False
     for name, folder in kinds[1:]:

@@ -2,14 +2,18 @@
 
 `-` means standard input (the Unix convention). Every input is read exactly once, front to back, so a pipe,
 `/dev/stdin` or a FIFO works as well as a file: nothing is counted in a first pass and then read again.
+`read_texts` is the one reader of text files (`hfbert embed --file`, `hfbert parity --texts`): plain lines, or
+JSONL with a "text" field per line; every problem is named by file and line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 STDIN = "-"
 
@@ -44,6 +48,48 @@ def _numbered(handle, name: str) -> Iterator[tuple[int, str]]:
         yield number, line.removesuffix("\n").removesuffix("\r")
 
 
+def read_texts(path: str | os.PathLike, *, skip_blank: bool = False) -> Iterator[str]:
+    """The texts of a file (`-`: standard input), lazily and once: one per line; a `.jsonl` file holds one JSON
+    object with a "text" per line. Every line counts (an empty line of a text file is an empty text), so index i
+    is line i; `skip_blank=True` leaves out lines that are empty or only whitespace instead. ValueError naming the
+    file and line for invalid UTF-8, bad JSON, a line without a string "text", or a text that is not valid Unicode
+    (a lone surrogate such as "\\ud800" in JSON)."""
+    jsonl = Path(path).suffix == ".jsonl"
+    name = display_name(path)
+    for number, line in numbered_lines(path):
+        if jsonl:
+            line = _jsonl_text(line, f"{name}:{number}")
+        if skip_blank and not line.strip():
+            continue
+        yield line
+
+
+def _jsonl_text(line: str, where: str) -> str:
+    try:
+        record = json.loads(line)
+    # ValueError: bad JSON, and integers of more than 4300 digits; RecursionError: arrays nested 100,000 deep.
+    except (ValueError, RecursionError) as error:
+        reason = error.msg if isinstance(error, json.JSONDecodeError) else type(error).__name__
+        raise ValueError(f"{where}: not a JSON object ({reason})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError(f'{where}: expected a JSON object with a string "text" field')
+    text = record["text"]
+    check_unicode(text, where)
+    return text
+
+
+def check_unicode(text: str, where: str) -> None:
+    """ValueError naming `where` when `text` cannot be encoded as UTF-8: a lone surrogate ("\\ud800" in JSON, or
+    command-line bytes that were not UTF-8), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{where}: the text is not valid Unicode: {text[error.start]!r} at position {error.start} (a lone "
+            f"surrogate)"
+        ) from None
+
+
 def is_regular_file(path: str | os.PathLike | None) -> bool:
     """True for a plain file on disk (which can be read twice), False for `-`, a pipe, a FIFO, a device."""
     if path is None or os.fspath(path) == STDIN:
@@ -65,3 +111,27 @@ def count_lines(path: str | os.PathLike) -> int | None:
             lines += block.count(b"\n")
             last = block[-1:]
     return lines + (last != b"\n")
+
+
+def refuse_output_over_stdin(outputs: Mapping[str, str | os.PathLike | None], source: str | os.PathLike | None) -> None:
+    """ValueError, before anything runs, when `source` is `-` and an output (option -> path) is the very file
+    standard input reads (same device and inode: `--file - --out texts.jsonl < texts.jsonl`), which writing would
+    replace while it is read."""
+    if source is None or os.fspath(source) != STDIN:
+        return
+    try:
+        reading = os.fstat(sys.stdin.fileno() if sys.stdin is not None else 0)
+    except (OSError, ValueError, AttributeError):  # no standard input, or one replaced by an object without a file
+        return
+    for option, output in outputs.items():
+        if output is None or os.fspath(output) == STDIN:
+            continue
+        try:
+            written = os.stat(output)
+        except OSError:
+            continue
+        if (written.st_dev, written.st_ino) == (reading.st_dev, reading.st_ino):
+            raise ValueError(
+                f"{option} {os.fspath(output)}: the output is the file standard input reads (--file -); refusing "
+                f"to overwrite it, choose another output"
+            )
