@@ -1,0 +1,221 @@
+"""`run_parity`: load hfbert and transformers once, run the battery, return the report."""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.dtypes import DTYPES
+from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
+from hfbert.tools.extras import import_transformers
+from hfbert.tools.parity.cases import build_cases, default_texts
+from hfbert.tools.parity.compare import _compare_batch, _Runner
+from hfbert.tools.parity.reference import _no_tf32, float64_twin, load_reference, with_pooler
+from hfbert.tools.parity.report import ParityReport
+from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row, TopKStats
+
+# hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference`: "packed" (its
+# default, precision "highest": judged by ACCURACY_RATIO) or "fast" (precision "high": judged by its own bound).
+LINEAR_KERNELS = (None, "standard", "packed", "fast")
+
+
+def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
+    from converters.hub import sha256_of
+
+    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
+
+
+def fast_mode_bound() -> float:
+    """The bound of `optimize_for_inference(model, precision="high")` (hfbert.inference.ACCURACY_BOUNDS["high"])."""
+    from hfbert.inference import ACCURACY_BOUNDS
+
+    return float(ACCURACY_BOUNDS["high"])
+
+
+def run_parity(
+    model_path: str | os.PathLike,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    attn: str = "sdpa",
+    texts: Sequence[str] | None = None,
+    batch_size: int = 8,
+    *,
+    revision: str | None = None,
+    reference: str | os.PathLike | None = None,
+    linear_kernel: str | None = None,
+    tolerance: float | None = None,
+    progress: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    model_name: str | None = None,
+) -> ParityReport:
+    """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
+    directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
+    `reference`: load transformers from this checkpoint instead (default: `model_path`), e.g. to check a
+    converted or re-saved copy against its original. `linear_kernel`: "standard" (default: `nn.Linear`, as built),
+    "packed" (hfbert's model through `hfbert.optimize_for_inference`, judged by the same 1.5x) or "fast" (through
+    `optimize_for_inference(model, precision="high")`, judged by that mode's bound, 3x). `tolerance`: also require
+    max abs against transformers to be at most this. `cache_dir`, `token`: for Hub repo ids, as in huggingface_hub.
+    `model_name`: what the report calls the model (default: `model_path` as given)."""
+    transformers = import_transformers()
+    from converters.checkpoint_files import read_checkpoint
+    from converters.hub import resolve_checkpoint
+    from converters.key_map import MLM_HEAD, head_of, normalize_name
+    from hfbert.modeling.cpu import cpu_name, instruction_set
+    from hfbert.modeling.heads import BertForMaskedLM
+    from hfbert.modeling.model import BertModel, BertPooler
+    from hfbert.modeling.tokenizer import BertTokenizer
+
+    started = time.perf_counter()
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
+    if attn not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attn must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, not {attn!r}")
+    if linear_kernel not in LINEAR_KERNELS:
+        raise ValueError(f"linear_kernel must be one of {', '.join(map(str, LINEAR_KERNELS))}, not {linear_kernel!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    if tolerance is not None and not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance}")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    if torch.device(device).type == "mps":
+        raise ValueError(f"device {device!r}: the float64 reference cannot run on mps (it has no float64); use cpu")
+    precision = "high" if linear_kernel == "fast" else "highest"
+    bound = fast_mode_bound() if linear_kernel == "fast" else ACCURACY_RATIO
+
+    hub = {"cache_dir": cache_dir, "token": token}
+    directory = Path(resolve_checkpoint(model_path, revision, include_tokenizer=True, **hub))
+    checkpoint = read_checkpoint(directory)
+    stored = {normalize_name(name) for name in checkpoint.tensors}
+    has_pooler = any(name.startswith("pooler.") for name in stored)
+    has_mlm_head = any(head_of(name) == MLM_HEAD for name in stored)
+    weight_files = _describe_files(checkpoint.files)
+    del checkpoint
+    reference_directory = Path(resolve_checkpoint(reference, **hub)) if reference is not None else directory
+    reference_files = _describe_files(read_checkpoint(reference_directory).files) if reference is not None else []
+
+    # One model per library, loaded once: the masked-LM model when the checkpoint has that head (its backbone gives
+    # the hidden states, the pooler and the attention probabilities), else the backbone alone.
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    if has_mlm_head:
+        their_class = transformers.BertForMaskedLM
+        if has_pooler:
+            their_class = with_pooler(their_class, transformers.models.bert.modeling_bert.BertPooler)
+        their_options: dict[str, Any] = {}
+        our_class = with_pooler(BertForMaskedLM, BertPooler) if has_pooler else BertForMaskedLM
+        ours = our_class.from_pretrained(directory, dtype=dtype, device=device, attn_implementation=attn)
+    else:
+        their_class, their_options = transformers.BertModel, {"add_pooling_layer": has_pooler}
+        ours = BertModel.from_pretrained(
+            directory, dtype=dtype, device=device, attn_implementation=attn, add_pooling_layer=has_pooler
+        )
+    theirs = load_reference(transformers, their_class, reference_directory, attn, device, dtype, **their_options)
+    # The exact reference, eager, once per batch for every output. Eager and sdpa differ in float64 by float64
+    # rounding (1e-16 relative), nine orders of magnitude below the float32 errors it measures, so one eager run
+    # serves the sdpa rows too. In float32 runs it shares transformers' weights (float64_twin); a bf16 or fp16 run
+    # loads its own, from the checkpoint's float32 values.
+    if dtype == torch.float32:
+        exact = float64_twin(theirs)
+    else:
+        exact = load_reference(
+            transformers, their_class, reference_directory, attn, device, torch.float64, **their_options
+        )
+    exact.set_attn_implementation("eager")
+    config = ours.config
+    cases = build_cases(
+        tokenizer, list(texts or default_texts()), batch_size, config.max_position_embeddings, config.type_vocab_size
+    )
+
+    def accuracy() -> Accuracy:
+        return Accuracy(dtype, tolerance, bound=bound)
+
+    layers = config.num_hidden_layers
+    attention_note = "eager pass" if attn == "sdpa" else ""
+    rows = {"embeddings": Row("embeddings", 0, accuracy)}
+    rows.update({f"layer {i}": Row(f"layer {i}", 2 * i + 2, accuracy) for i in range(layers)})
+    if has_pooler:
+        rows["pooler"] = Row("pooler", 2 * layers + 1, accuracy)
+    for i in range(layers):
+        rows[f"attentions layer {i}"] = Row(f"attentions layer {i}", 2 * i + 1, accuracy, note=attention_note)
+    if has_mlm_head:
+        rows["mlm logits"] = Row("mlm logits", 2 * layers + 2, accuracy)
+        rows[f"mlm top-{TOP_K}"] = Row(f"mlm top-{TOP_K}", 2 * layers + 3, TopKStats)
+
+    if linear_kernel in ("packed", "fast"):
+        from hfbert.inference import optimize_for_inference, packed_layers
+
+        # kernels="always": the packed or fused kernels at every row count, not only where they were measured
+        # faster here, so that the verdict covers whatever another machine's measurement may pick.
+        optimize_for_inference(ours, kernels="always", **({"precision": precision} if linear_kernel == "fast" else {}))
+        forms = set(packed_layers(ours).values())
+        ran_kernel = "oneDNN, " + " and ".join(sorted(forms)) if forms else "F.linear"
+    else:
+        ran_kernel = "F.linear"
+    runners = (
+        _Runner(ours, ours.bert, ours.cls.predictions) if has_mlm_head else _Runner(ours, ours, None),
+        _Runner(theirs, theirs.bert, theirs.cls) if has_mlm_head else _Runner(theirs, theirs, None),
+        _Runner(exact, exact.bert, exact.cls) if has_mlm_head else _Runner(exact, exact, None),
+    )
+    from hfbert.tools.progress import Progress
+
+    if torch.device(device).type == "cpu":
+        # Freed memory kept for the next batch, process-wide (hfbert.inference.allocator): without it, every cast of
+        # the float64 reference's weights and every large output faults its pages in anew (3x slower).
+        from hfbert.inference.allocator import keep_freed_memory
+
+        keep_freed_memory()
+    with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad():
+        # A bar on a terminal, a line every 30 s in a log (hfbert.tools.progress).
+        bar = Progress(sum(len(case.batches) for case in cases), "parity", "batch", enabled=progress)
+        for case in cases:
+            bar.set_postfix_str(case.name)
+            for batch in case.batches:
+                batch = {key: value.to(device) for key, value in batch.items()}
+                _compare_batch(case.name, batch, runners, rows, dtype, bound, attentions=attn == "eager")
+                bar.update()
+        bar.close()
+    del runners, ours, theirs, exact
+    gc.collect()
+
+    return ParityReport(
+        model=str(model_name if model_name is not None else model_path),
+        model_path=str(directory),
+        reference_path=str(reference_directory),
+        device=str(device),
+        dtype=dtype_name,
+        attn=attn,
+        linear_kernel=ran_kernel,
+        instruction_set=instruction_set(),
+        tolerance=tolerance,
+        num_layers=layers,
+        versions={
+            "hfbert": _installed_version("hfbert"),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name(),
+        },
+        weight_files=weight_files,
+        reference_weight_files=reference_files,
+        cases=[case.describe() for case in cases],
+        rows=list(rows.values()),
+        seconds=round(time.perf_counter() - started, 3),
+        accuracy_bound=bound,
+        precision=precision,
+    )
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
