@@ -190,10 +190,11 @@ def parity_command(arguments: argparse.Namespace) -> int:
         from converters.hub import resolve_checkpoint
 
         reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
+    artifacts = [Path(path) for path in arguments.artifact or ()]
     refuse_overwriting_inputs(
         {"--json": arguments.json, "--plot": arguments.plot},
-        {"--texts": arguments.texts},
-        {"MODEL": directory, "--reference": reference},
+        {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifacts if path.is_file()}},
+        {"MODEL": directory, "--reference": reference, **{f"--artifact {p}": p for p in artifacts if p.is_dir()}},
     )
     report = run_parity(
         directory,
@@ -206,6 +207,11 @@ def parity_command(arguments: argparse.Namespace) -> int:
         linear_kernel=arguments.linear,
         tolerance=arguments.tolerance,
         model_name=arguments.model,
+        artifacts=arguments.artifact or (),
+        artifact_bound=arguments.artifact_bound,
+        artifact_precision=arguments.artifact_precision,
+        cache_dir=arguments.cache_dir,
+        token=arguments.token,
     )
     to_stdout = arguments.json == "-"
     print(report.table(), file=sys.stderr if to_stdout else sys.stdout)
@@ -217,6 +223,8 @@ def parity_command(arguments: argparse.Namespace) -> int:
     if arguments.plot:
         report.plot(arguments.plot)
         print(f"wrote {arguments.plot}", file=sys.stderr if to_stdout else sys.stdout)
+    if report.first_failing_artifact is not None:
+        print(f"hfbert parity: artifact {report.first_failing_artifact} fails", file=sys.stderr)
     return 0 if report.passed else 1
 
 
@@ -291,6 +299,17 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def positive_integer(text: str) -> int:
@@ -431,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hfbert parity google-bert/bert-base-uncased",
         "hfbert parity ./converted --reference ./original --json report.json --plot layers.png",
         "hfbert parity ./my-bert --device cuda:0 --dtype bfloat16 --attn eager --json  # JSON on stdout",
+        "hfbert parity sentence-transformers/all-MiniLM-L6-v2 --artifact onnx/model.onnx --artifact ./ct2-model",
+        "hfbert parity ./my-bert --artifact model_int8.onnx --artifact-bound 5000  # a lossy artifact's own bound",
     )
     parity.add_argument("model", help="local directory or Hub repo id")
     _device_options(parity, "float32", "dtype of both models (default: float32; the reference runs in float64 too)")
@@ -479,6 +500,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT.png",
         help="draw the verdict to this image: per output, hfbert's and transformers' RMS error vs float64 (log "
         "scale) and their ratio against the bound (1.5; 3 with --linear fast) (needs matplotlib)",
+    )
+    parity.add_argument(
+        "--artifact",
+        metavar="PATH",
+        action="append",
+        help="also judge a deployed artifact against float64 (repeatable): a .onnx file (ONNX Runtime), an "
+        "OpenVINO .xml, a CTranslate2 folder; a relative path not found here is looked up in MODEL (its Hub repo "
+        "for a repo id: onnx/model.onnx). Needs the engines: pip install 'hfbert[deploy]'",
+    )
+    parity.add_argument(
+        "--artifact-bound",
+        metavar="RATIO",
+        type=positive_float,
+        default=1.5,
+        help="an artifact passes when each output's RMS error vs float64 is at most RATIO x transformers' fp32 own "
+        "(default: 1.5, hfbert's own contract; a larger one for lossy artifacts such as int8)",
+    )
+    parity.add_argument(
+        "--artifact-precision",
+        choices=["f32", "default"],
+        default="f32",
+        help="OpenVINO's inference precision: f32 (the default) or default (the CPU's own choice, bf16 on CPUs "
+        "with native bf16: what a user gets without a hint)",
     )
     _model_options(parity)
     parity.set_defaults(run=parity_command, parser=parity)

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from hfbert.tools.parity.engines.base import TorchEngine
 from hfbert.tools.parity.statistics import TOP_K, Row, _worse, allowed_error
-
-
-class _Runner(NamedTuple):
-    """One of the three models of a run, as the calls the comparison makes."""
-
-    model: Any  # the whole model: its attention implementation is switched for the eager attention call
-    backbone: Any  # its BertModel: hidden states, pooler, attention probabilities
-    head: Any  # its masked-LM head (logits from the last hidden state, as its forward computes them), or None
 
 
 @contextmanager
@@ -57,17 +50,19 @@ def _real_rows(x: Tensor, real: Tensor, all_real: bool) -> Tensor:
 def _compare_batch(
     case: str,
     batch: dict[str, Tensor],
-    runners: tuple[_Runner, _Runner, _Runner],
+    runners: tuple[TorchEngine, TorchEngine, TorchEngine],
     rows: dict[str, Row],
     dtype: torch.dtype,
     bound: float,
     attentions: bool,
-) -> None:
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """`batch` through hfbert, transformers and transformers in float64; every row updated at real positions only.
     hfbert and transformers run with the run's attention and, unless that is eager (`attentions`), once more eager
     on the backbone for the attention probabilities; the float64 model runs once, eager, for every output. Each
     of its layers' attention probabilities is compared as it comes out and let go with the other two models':
-    at the maximum length they are the largest outputs (bert-base, 512 tokens: 600 MB for the three models)."""
+    at the maximum length they are the largest outputs (bert-base, 512 tokens: 600 MB for the three models).
+    Returns transformers' and the float64 model's last hidden state and pooler output (named as transformers names
+    them), against which deployed artifacts are judged on the same batch."""
     real = batch["attention_mask"].bool()
     all_real = bool(real.all())
     if attentions:  # an eager run: one call of each model gives every output
@@ -108,6 +103,10 @@ def _compare_batch(
         )
     if "pooler" in rows:
         rows["pooler"].update(case, *(pooler for _, pooler, _ in outputs))
+    kept = tuple(
+        {"last_hidden_state": last} | ({"pooler_output": pooler} if pooler is not None else {})
+        for _, pooler, last in outputs[1:]
+    )
     if runners[0].head is not None:
         # The logits as each masked-LM model's forward computes them: its head on its backbone's last hidden state.
         last = [last for _, _, last in outputs]
@@ -124,3 +123,4 @@ def _compare_batch(
             reference_max_abs = _worse(reference_max_abs, part.reference_max_abs)
         tie = 2 * allowed_error(dtype, their_max_abs, reference_max_abs, bound)
         rows[f"mlm top-{TOP_K}"].update(case, ours, exact, tie=tie)
+    return kept

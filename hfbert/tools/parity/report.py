@@ -34,10 +34,25 @@ class ParityReport:
     # optimize_for_inference(precision="high") (hfbert.inference.ACCURACY_BOUNDS["high"]).
     accuracy_bound: float = ACCURACY_RATIO
     precision: str = "highest"  # the optimize_for_inference precision whose bound applies
+    artifacts: list[Any] = field(default_factory=list)  # ArtifactCheck per deployed artifact (artifacts.py)
+    sentence_pipeline: str = ""  # the sentence-transformers pipeline applied to the artifacts' token outputs
+    sentence_baseline: dict[str, Any] = field(default_factory=dict)  # transformers fp32's sentence numbers
+
+    @property
+    def hfbert_passed(self) -> bool:
+        return all(row.passed for row in self.rows)
 
     @property
     def passed(self) -> bool:
-        return all(row.passed for row in self.rows)
+        """hfbert and every artifact within their bounds."""
+        return self.hfbert_passed and all(check.passed for check in self.artifacts)
+
+    @property
+    def first_failing_artifact(self) -> str | None:
+        """'ARTIFACT (OUTPUT, ratio)' of the first artifact that fails, or None."""
+        from hfbert.tools.parity.artifact_report import first_failure
+
+        return first_failure(self.artifacts)
 
     @property
     def first_divergence(self) -> str | None:
@@ -102,6 +117,20 @@ class ParityReport:
             row = next(row for row in self.rows if row.name == first)
             cases = [case for case, record in row.by_case.items() if not record.passed]
             lines.append(f"           in the cases: {', '.join(cases)}")
+        if self.artifacts:
+            from hfbert.tools.parity.artifact_report import artifact_block
+
+            if self.sentence_pipeline:
+                lines += ["", f"sentence embeddings of the artifacts: {self.sentence_pipeline}, on the texts"]
+            for check in self.artifacts:
+                lines += ["", *artifact_block(check, self.sentence_baseline)]
+            lines.append("")
+            failing = self.first_failing_artifact
+            passed = sum(check.passed for check in self.artifacts)
+            lines.append(
+                f"artifacts: {passed} of {len(self.artifacts)} pass"
+                + (f"; first failing: {failing}" if failing else "")
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +171,11 @@ class ParityReport:
                 "transformers' max abs error",
             },
             "rows": [row.to_dict() for row in self.rows],
+            "hfbert_passed": self.hfbert_passed,
+            "first_failing_artifact": self.first_failing_artifact,
+            "sentence_pipeline": self.sentence_pipeline,
+            "transformers_sentence_embeddings": self.sentence_baseline,
+            "artifacts": [check.to_dict() for check in self.artifacts],
         }
 
     def write_json(self, path: str | os.PathLike) -> None:

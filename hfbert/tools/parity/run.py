@@ -16,10 +16,15 @@ import torch
 from converters.dtypes import DTYPES
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.tools.extras import import_transformers
+from hfbert.tools.parity.artifact_paths import resolve_artifact
+from hfbert.tools.parity.artifacts import ArtifactCheck
 from hfbert.tools.parity.cases import build_cases, default_texts
-from hfbert.tools.parity.compare import _compare_batch, _Runner
-from hfbert.tools.parity.reference import _no_tf32, float64_twin, load_reference, with_pooler
+from hfbert.tools.parity.compare import _compare_batch
+from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
+from hfbert.tools.parity.reference import _no_tf32
 from hfbert.tools.parity.report import ParityReport
+from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
+from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline
 from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row, TopKStats
 
 # hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference`: "packed" (its
@@ -56,6 +61,9 @@ def run_parity(
     cache_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
     model_name: str | None = None,
+    artifacts: Sequence[str | os.PathLike] = (),
+    artifact_bound: float = ACCURACY_RATIO,
+    artifact_precision: str = "f32",
 ) -> ParityReport:
     """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
     directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
@@ -64,14 +72,17 @@ def run_parity(
     "packed" (hfbert's model through `hfbert.optimize_for_inference`, judged by the same 1.5x) or "fast" (through
     `optimize_for_inference(model, precision="high")`, judged by that mode's bound, 3x). `tolerance`: also require
     max abs against transformers to be at most this. `cache_dir`, `token`: for Hub repo ids, as in huggingface_hub.
-    `model_name`: what the report calls the model (default: `model_path` as given)."""
+    `model_name`: what the report calls the model (default: `model_path` as given). `artifacts`: deployed
+    artifacts judged on the same batches against the same float64 run (a .onnx file, an OpenVINO .xml, a CTranslate2
+    folder; a relative path not found here is looked up inside the model, on the Hub for a repo id), each output
+    within `artifact_bound` x transformers' fp32 error; `artifact_precision`: OpenVINO's precision hint ("f32", or
+    "default": the CPU's own choice)."""
     transformers = import_transformers()
     from converters.checkpoint_files import read_checkpoint
     from converters.hub import resolve_checkpoint
     from converters.key_map import MLM_HEAD, head_of, normalize_name
+    from hfbert.modeling.config import BertConfig
     from hfbert.modeling.cpu import cpu_name, instruction_set
-    from hfbert.modeling.heads import BertForMaskedLM
-    from hfbert.modeling.model import BertModel, BertPooler
     from hfbert.modeling.tokenizer import BertTokenizer
 
     started = time.perf_counter()
@@ -89,11 +100,16 @@ def run_parity(
         raise ValueError(f"device {device!r}: CUDA is not available on this machine")
     if torch.device(device).type == "mps":
         raise ValueError(f"device {device!r}: the float64 reference cannot run on mps (it has no float64); use cpu")
+    if not artifact_bound > 0:
+        raise ValueError(f"artifact bound must be a number > 0, got {artifact_bound}")
+    if artifacts and torch.device(device).type != "cpu":
+        raise ValueError(f"device {device!r}: deployed artifacts run on the CPU; run with --device cpu")
     precision = "high" if linear_kernel == "fast" else "highest"
     bound = fast_mode_bound() if linear_kernel == "fast" else ACCURACY_RATIO
 
     hub = {"cache_dir": cache_dir, "token": token}
-    directory = Path(resolve_checkpoint(model_path, revision, include_tokenizer=True, **hub))
+    include = {"include_sentence_transformers": True} if artifacts else {}
+    directory = Path(resolve_checkpoint(model_path, revision, include_tokenizer=True, **hub, **include))
     checkpoint = read_checkpoint(directory)
     stored = {normalize_name(name) for name in checkpoint.tensors}
     has_pooler = any(name.startswith("pooler.") for name in stored)
@@ -103,34 +119,30 @@ def run_parity(
     reference_directory = Path(resolve_checkpoint(reference, **hub)) if reference is not None else directory
     reference_files = _describe_files(read_checkpoint(reference_directory).files) if reference is not None else []
 
+    # The artifacts first: one that cannot run fails before the models load.
+    hidden_size = BertConfig.from_pretrained(directory).hidden_size
+    checks = [
+        ArtifactCheck(
+            str(artifact),
+            open_artifact(
+                resolve_artifact(artifact, model_path, directory, **hub),
+                hidden_size,
+                torch.get_num_threads(),
+                artifact_precision,
+            ),
+            artifact_bound,
+            instruction_set=instruction_set(),
+            vnni=has_vnni(),
+        )
+        for artifact in artifacts
+    ]
     # One model per library, loaded once: the masked-LM model when the checkpoint has that head (its backbone gives
     # the hidden states, the pooler and the attention probabilities), else the backbone alone.
     tokenizer = BertTokenizer.from_pretrained(directory)
-    if has_mlm_head:
-        their_class = transformers.BertForMaskedLM
-        if has_pooler:
-            their_class = with_pooler(their_class, transformers.models.bert.modeling_bert.BertPooler)
-        their_options: dict[str, Any] = {}
-        our_class = with_pooler(BertForMaskedLM, BertPooler) if has_pooler else BertForMaskedLM
-        ours = our_class.from_pretrained(directory, dtype=dtype, device=device, attn_implementation=attn)
-    else:
-        their_class, their_options = transformers.BertModel, {"add_pooling_layer": has_pooler}
-        ours = BertModel.from_pretrained(
-            directory, dtype=dtype, device=device, attn_implementation=attn, add_pooling_layer=has_pooler
-        )
-    theirs = load_reference(transformers, their_class, reference_directory, attn, device, dtype, **their_options)
-    # The exact reference, eager, once per batch for every output. Eager and sdpa differ in float64 by float64
-    # rounding (1e-16 relative), nine orders of magnitude below the float32 errors it measures, so one eager run
-    # serves the sdpa rows too. In float32 runs it shares transformers' weights (float64_twin); a bf16 or fp16 run
-    # loads its own, from the checkpoint's float32 values.
-    if dtype == torch.float32:
-        exact = float64_twin(theirs)
-    else:
-        exact = load_reference(
-            transformers, their_class, reference_directory, attn, device, torch.float64, **their_options
-        )
-    exact.set_attn_implementation("eager")
-    config = ours.config
+    shape = {"has_mlm_head": has_mlm_head, "has_pooler": has_pooler, "dtype": dtype, "device": device, "attn": attn}
+    ours, ran_kernel = hfbert_engine.load(directory, linear_kernel=linear_kernel, **shape)
+    theirs, exact = transformers_engine.load(transformers, reference_directory, **shape)
+    config = ours.model.config
     cases = build_cases(
         tokenizer, list(texts or default_texts()), batch_size, config.max_position_embeddings, config.type_vocab_size
     )
@@ -150,21 +162,9 @@ def run_parity(
         rows["mlm logits"] = Row("mlm logits", 2 * layers + 2, accuracy)
         rows[f"mlm top-{TOP_K}"] = Row(f"mlm top-{TOP_K}", 2 * layers + 3, TopKStats)
 
-    if linear_kernel in ("packed", "fast"):
-        from hfbert.inference import optimize_for_inference, packed_layers
-
-        # kernels="always": the packed or fused kernels at every row count, not only where they were measured
-        # faster here, so that the verdict covers whatever another machine's measurement may pick.
-        optimize_for_inference(ours, kernels="always", **({"precision": precision} if linear_kernel == "fast" else {}))
-        forms = set(packed_layers(ours).values())
-        ran_kernel = "oneDNN, " + " and ".join(sorted(forms)) if forms else "F.linear"
-    else:
-        ran_kernel = "F.linear"
-    runners = (
-        _Runner(ours, ours.bert, ours.cls.predictions) if has_mlm_head else _Runner(ours, ours, None),
-        _Runner(theirs, theirs.bert, theirs.cls) if has_mlm_head else _Runner(theirs, theirs, None),
-        _Runner(exact, exact.bert, exact.cls) if has_mlm_head else _Runner(exact, exact, None),
-    )
+    runners = (ours, theirs, exact)
+    pipeline = read_sentence_pipeline(directory, config, tokenizer.model_max_length) if checks else None
+    baseline = SentenceStats()
     from hfbert.tools.progress import Progress
 
     if torch.device(device).type == "cpu":
@@ -180,7 +180,13 @@ def run_parity(
             bar.set_postfix_str(case.name)
             for batch in case.batches:
                 batch = {key: value.to(device) for key, value in batch.items()}
-                _compare_batch(case.name, batch, runners, rows, dtype, bound, attentions=attn == "eager")
+                kept = _compare_batch(case.name, batch, runners, rows, dtype, bound, attentions=attn == "eager")
+                for check in checks:
+                    check.update(case.name, batch, *kept, pipeline)
+                if checks and pipeline is not None and case.name == SENTENCE_CASE:
+                    mask = batch["attention_mask"]
+                    baseline.add(*(embed(pipeline, named["last_hidden_state"], mask) for named in kept))
+                del kept
                 bar.update()
         bar.close()
     del runners, ours, theirs, exact
@@ -211,7 +217,19 @@ def run_parity(
         seconds=round(time.perf_counter() - started, 3),
         accuracy_bound=bound,
         precision=precision,
+        artifacts=checks,
+        sentence_pipeline=pipeline.describe() if pipeline is not None else "",
+        sentence_baseline=baseline.numbers(),
     )
+
+
+def has_vnni() -> bool:
+    """Whether the CPU multiplies u8 x s8 with VNNI (AVX512_VNNI or AVX_VNNI): without it, the products of
+    dynamically quantized int8 graphs saturate in 16 bits."""
+    from hfbert.modeling.cpu import cpu_flags
+
+    flags = cpu_flags()
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
 
 
 def _installed_version(distribution: str) -> str:
