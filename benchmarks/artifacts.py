@@ -33,6 +33,7 @@ def export_onnx(checkpoint: Path, path: Path, token_type_ids: bool = True, poole
     batch and sequence axes."""
     import transformers
 
+    transformers.logging.set_verbosity_error()  # its load report lists the heads BertModel leaves out
     model = transformers.BertModel.from_pretrained(
         checkpoint, attn_implementation="eager", add_pooling_layer=pooler
     ).eval()

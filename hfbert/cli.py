@@ -184,13 +184,18 @@ def parity_command(arguments: argparse.Namespace) -> int:
     for option, path in (("--json", arguments.json), ("--plot", arguments.plot)):
         if path and path != "-" and not Path(path).resolve().parent.is_dir():
             raise ValueError(f"{option} {path}: the folder {Path(path).resolve().parent} does not exist")
-    directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
+    # With artifacts, the sentence-transformers files too: their pipeline is applied to the artifacts' outputs.
+    st_files = {"include_sentence_transformers": True} if arguments.artifact else {}
+    directory = resolve_model(arguments, arguments.model, include_tokenizer=True, **st_files)
     reference = None
     if arguments.reference is not None:
         from converters.hub import resolve_checkpoint
 
         reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
-    artifacts = [Path(path) for path in arguments.artifact or ()]
+    from hfbert.tools.parity.artifact_paths import resolve_artifact
+
+    hub = {"cache_dir": arguments.cache_dir, "token": arguments.token}
+    artifacts = [resolve_artifact(path, arguments.model, directory, **hub) for path in arguments.artifact or ()]
     refuse_overwriting_inputs(
         {"--json": arguments.json, "--plot": arguments.plot},
         {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifacts if path.is_file()}},
@@ -207,11 +212,10 @@ def parity_command(arguments: argparse.Namespace) -> int:
         linear_kernel=arguments.linear,
         tolerance=arguments.tolerance,
         model_name=arguments.model,
-        artifacts=arguments.artifact or (),
+        artifacts=artifacts,
+        artifact_names=arguments.artifact,
         artifact_bound=arguments.artifact_bound,
         artifact_precision=arguments.artifact_precision,
-        cache_dir=arguments.cache_dir,
-        token=arguments.token,
     )
     to_stdout = arguments.json == "-"
     print(report.table(), file=sys.stderr if to_stdout else sys.stdout)

@@ -68,6 +68,7 @@ class ArtifactCheck:
         mask = batch["attention_mask"].cpu()
         position = batch.get("position_ids")
         position = position.cpu() if position is not None else torch.arange(mask.shape[1]).expand_as(mask)
+        position = position.contiguous()
         bucket = torch.bucketize(position, torch.tensor(POSITION_EDGES[1:]), right=True)
         ours_squares = (ours.double() - exact.double()).square().sum(-1)
         theirs_squares = (fp32.double() - exact.double()).square().sum(-1)

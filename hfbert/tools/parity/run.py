@@ -64,6 +64,7 @@ def run_parity(
     artifacts: Sequence[str | os.PathLike] = (),
     artifact_bound: float = ACCURACY_RATIO,
     artifact_precision: str = "f32",
+    artifact_names: Sequence[str] | None = None,
 ) -> ParityReport:
     """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
     directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
@@ -76,7 +77,7 @@ def run_parity(
     artifacts judged on the same batches against the same float64 run (a .onnx file, an OpenVINO .xml, a CTranslate2
     folder; a relative path not found here is looked up inside the model, on the Hub for a repo id), each output
     within `artifact_bound` x transformers' fp32 error; `artifact_precision`: OpenVINO's precision hint ("f32", or
-    "default": the CPU's own choice)."""
+    "default": the CPU's own choice). `artifact_names`: what the report calls them (default: as given)."""
     transformers = import_transformers()
     from converters.checkpoint_files import read_checkpoint
     from converters.hub import resolve_checkpoint
@@ -123,7 +124,7 @@ def run_parity(
     hidden_size = BertConfig.from_pretrained(directory).hidden_size
     checks = [
         ArtifactCheck(
-            str(artifact),
+            str(name),
             open_artifact(
                 resolve_artifact(artifact, model_path, directory, **hub),
                 hidden_size,
@@ -134,7 +135,7 @@ def run_parity(
             instruction_set=instruction_set(),
             vnni=has_vnni(),
         )
-        for artifact in artifacts
+        for name, artifact in zip(artifact_names or artifacts, artifacts, strict=True)
     ]
     # One model per library, loaded once: the masked-LM model when the checkpoint has that head (its backbone gives
     # the hidden states, the pooler and the attention probabilities), else the backbone alone.
