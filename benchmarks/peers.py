@@ -95,7 +95,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import logging
 import math
 import os
 import statistics
@@ -103,10 +102,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -116,6 +113,7 @@ import torch
 
 import hfbert
 from benchmarks import report
+from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
 from benchmarks.benchmark import (  # the shared inputs and timing
     MIXED_BATCH,
     batch,
@@ -131,6 +129,7 @@ from hfbert.inference import packed_layers
 from hfbert.inference.compiled import compile_report, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
 from hfbert.modeling.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
+from hfbert.tools.parity.engines.ctranslate2_engine import captured_log, import_ctranslate2
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
 EMBED_ROW = "5"
@@ -315,27 +314,6 @@ def openvino_kernels(compiled: Any) -> str:
     return ", ".join(f"{name} x{count}" for name, count in sorted(kernels.items()))
 
 
-def import_ctranslate2() -> Any:
-    """CTranslate2, imported so that it runs on its own OpenMP runtime.
-
-    Its wheel bundles a copy of libgomp, but imported plainly its library binds its OpenMP calls to the libgomp that
-    torch already made global in the process (LD_DEBUG=bindings shows `GOMP_parallel` bound to torch's copy). One
-    runtime then manages torch's thread pool and CTranslate2's: more threads than cores, so libgomp stops spinning
-    between parallel regions (its throttled spin count) and every torch kernel in the process, hfbert's and
-    transformers', sleeps and wakes at each one: hfbert 1 x 16 took 23 ms before CTranslate2's first call and 46 ms
-    after it (48,000 context switches in 40 calls against none). RTLD_DEEPBIND makes CTranslate2's libraries look
-    in their own dependencies first, so it gets its own libgomp and torch's stays torch's (23 ms after, and
-    CTranslate2 itself is no slower)."""
-    if "ctranslate2" not in sys.modules:
-        flags = sys.getdlopenflags()
-        sys.setdlopenflags(flags | getattr(os, "RTLD_DEEPBIND", 0))
-        try:
-            import ctranslate2  # noqa: F401
-        finally:
-            sys.setdlopenflags(flags)
-    return sys.modules["ctranslate2"]
-
-
 def ctranslate2_engine(path: Path, threads: int, compute_type: str) -> Engine:
     import numpy
 
@@ -360,101 +338,7 @@ def ctranslate2_engine(path: Path, threads: int, compute_type: str) -> Engine:
     return Engine(run=run, prepare=prepare, notes=notes)
 
 
-@contextmanager
-def captured_log(ctranslate2: Any) -> Iterator[Callable[[], list[str]]]:
-    """CTranslate2's info log (which instruction set and GEMM backend it chose). It is written by C++ to file
-    descriptor 2, which redirecting sys.stderr would miss, so the descriptor itself is pointed at a file."""
-    with tempfile.TemporaryFile(mode="w+") as sink:
-        before, saved = ctranslate2.get_log_level(), os.dup(2)
-        ctranslate2.set_log_level(logging.INFO)
-        sys.stderr.flush()
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lambda: (sink.seek(0), sink.read().splitlines())[1]
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            ctranslate2.set_log_level(before)
-
-
 # -- artifacts: ONNX files and the CTranslate2 model, built once per run in a temporary folder --------------------
-class Exporter(torch.nn.Module):
-    """transformers' BertModel with the three inputs as positional arguments and one output, for torch.onnx.export."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask, token_type_ids):
-        return self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-
-
-def export_onnx(checkpoint: Path, path: Path) -> Path:
-    import transformers
-
-    model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="eager").eval()
-    example = batch([16, 12], seed=0, device="cpu")  # one padded row, so the mask arithmetic is traced as such
-    axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUT_NAMES, "last_hidden_state")}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer and deprecation warnings about the TorchScript exporter
-        torch.onnx.export(
-            Exporter(model).eval(),
-            tuple(example[name] for name in INPUT_NAMES),
-            path,
-            input_names=list(INPUT_NAMES),
-            output_names=["last_hidden_state"],
-            dynamic_axes=axes,
-            opset_version=17,
-            dynamo=False,
-        )
-    return path
-
-
-def fuse_onnx(plain: Path, path: Path, config: hfbert.BertConfig) -> tuple[Path, dict[str, int]]:
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    fused = optimize_model(
-        str(plain), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size
-    )
-    fused.save_model_to_file(str(path))
-    return path, {name: count for name, count in fused.get_fused_operator_statistics().items() if count}
-
-
-def quantize_onnx(fused: Path, path: Path) -> Path:
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # quantize_dynamic logs a "consider pre-processing" warning meant for CNNs
-    try:
-        quantize_dynamic(
-            fused,
-            path,
-            weight_type=QuantType.QInt8,
-            per_channel=True,  # min cosine to fp32 0.99962 against 0.99945 per tensor, at the same speed
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},  # fused ops carry no inferred types
-        )
-    finally:
-        root.setLevel(level)
-    return path
-
-
-def convert_ctranslate2(checkpoint: Path, work: Path) -> Path:
-    import_ctranslate2()  # the first import of it decides which OpenMP runtime it binds to: see there
-    import ctranslate2.converters
-
-    source, target = work / "ctranslate2-source", work / "ctranslate2"
-    source.mkdir()
-    for file in checkpoint.iterdir():  # the weights are linked, not copied; only config.json changes
-        if file.name != "config.json":
-            (source / file.name).symlink_to(file.resolve())
-    config = json.loads((checkpoint / "config.json").read_text())
-    config.setdefault("position_embedding_type", "absolute")
-    (source / "config.json").write_text(json.dumps(config))
-    ctranslate2.converters.TransformersConverter(str(source)).convert(str(target), force=True)
-    return target
 
 
 def build_artifacts(
@@ -468,7 +352,11 @@ def build_artifacts(
     artifacts = {"plain": attempt(skipped, "ONNX export", lambda: export_onnx(checkpoint, work / "bert.onnx"))}
     if artifacts["plain"]:
         fused = attempt(
-            skipped, "ONNX Runtime", lambda: fuse_onnx(artifacts["plain"], work / "bert-fused.onnx", config)
+            skipped,
+            "ONNX Runtime",
+            lambda: fuse_onnx(
+                artifacts["plain"], work / "bert-fused.onnx", config.num_attention_heads, config.hidden_size
+            ),
         )
         artifacts["fused"], artifacts["fusions"] = fused or (None, {})
     else:

@@ -340,3 +340,38 @@ def _record_proof(blob: Path, sha256: str, fingerprint: dict[str, int]) -> None:
         os.replace(temporary, proof)
     except OSError:
         pass
+
+
+def download_artifact(
+    repo_id: str,
+    path: str,
+    revision: str | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+) -> Path:
+    """A deployment artifact published inside a model repo (`onnx/model_qint8_avx2.onnx`,
+    `openvino/openvino_model.xml`, a CTranslate2 folder), with the files it needs beside it (an ONNX file's external
+    data, an IR's `.bin`, a folder's every file), downloaded into the same cache and checked against the same
+    sha256 as the model's own files. Returns the local path of `path`."""
+    from huggingface_hub import HfApi
+
+    path = path.strip("/")
+    with hub_errors(repo_id, revision):
+        info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+    siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
+    stem = path.rsplit(".", 1)[0] if path.endswith(".xml") else path
+    wanted = [
+        name
+        for name in siblings
+        if name == path
+        or name.startswith(path + "/")
+        or (name.startswith(path) and name.endswith(("_data", ".data")))
+        or (path.endswith(".xml") and name == stem + ".bin")
+    ]
+    if not wanted:
+        raise CheckpointError(f"{repo_id}@{info.sha}: no file or folder {path!r} in the repository")
+    snapshot = Snapshot(directory=Path(), commit=info.sha)
+    for filename in sorted(wanted):
+        _fetch(repo_id, filename, snapshot, siblings, cache_dir, token)
+    return snapshot.directory / path

@@ -1,0 +1,126 @@
+"""One batch through hfbert, transformers and transformers in float64, every output compared at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hfbert.tools.parity.engines.base import TorchEngine
+from hfbert.tools.parity.statistics import TOP_K, Row, _worse, allowed_error
+
+
+@contextmanager
+def _eager_attention(*models: Any) -> Iterator[None]:
+    """The models' attention implementation switched to eager (the one that returns the probabilities)."""
+    saved = [model.config._attn_implementation for model in models]
+    for model in models:
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        for model, implementation in zip(models, saved, strict=True):
+            model.set_attn_implementation(implementation)
+
+
+@contextmanager
+def _each_layer_attention(backbone: Any, receive: Callable[[int, Tensor], None]) -> Iterator[None]:
+    """`receive(index, probabilities)` called as each layer's self-attention returns its probabilities (eager:
+    its second output, the one transformers' own `output_attentions` records), so that they are compared during
+    the forward instead of all layers held at once."""
+    handles = [
+        layer.attention.self.register_forward_hook(lambda _, __, output, index=index: receive(index, output[1]))
+        for index, layer in enumerate(backbone.encoder.layer)
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _real_rows(x: Tensor, real: Tensor, all_real: bool) -> Tensor:
+    """(batch, sequence, ...) -> the vectors at real positions; a view, not a copy, when no position is padding."""
+    return x.flatten(0, 1) if all_real else x[real]
+
+
+def _compare_batch(
+    case: str,
+    batch: dict[str, Tensor],
+    runners: tuple[TorchEngine, TorchEngine, TorchEngine],
+    rows: dict[str, Row],
+    dtype: torch.dtype,
+    bound: float,
+    attentions: bool,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """`batch` through hfbert, transformers and transformers in float64; every row updated at real positions only.
+    hfbert and transformers run with the run's attention and, unless that is eager (`attentions`), once more eager
+    on the backbone for the attention probabilities; the float64 model runs once, eager, for every output. Each
+    of its layers' attention probabilities is compared as it comes out and let go with the other two models':
+    at the maximum length they are the largest outputs (bert-base, 512 tokens: 600 MB for the three models).
+    Returns transformers' and the float64 model's last hidden state and pooler output (named as transformers names
+    them), against which deployed artifacts are judged on the same batch."""
+    real = batch["attention_mask"].bool()
+    all_real = bool(real.all())
+    if attentions:  # an eager run: one call of each model gives every output
+        options = dict(output_hidden_states=True, output_attentions=True, return_dict=True)
+        outputs = [runner.backbone(**batch, **options) for runner in runners[:2]]
+        probabilities = [list(output.attentions) for output in outputs]
+        outputs = [(output.hidden_states, output.pooler_output, output.last_hidden_state) for output in outputs]
+    else:  # the eager calls first: their probabilities are compared and let go before the sdpa calls run
+        with _eager_attention(runners[0].model, runners[1].model):
+            probabilities = [
+                list(runner.backbone(**batch, output_attentions=True, return_dict=True).attentions)
+                for runner in runners[:2]
+            ]
+    compared = []
+
+    def compare(index: int, exact: Tensor) -> None:
+        # (batch, heads, query, key) -> the rows of real query tokens, every key: (tokens * heads, key)
+        layer = [x.transpose(1, 2)[real].flatten(0, 1) for x in (probabilities[0][index], probabilities[1][index])]
+        probabilities[0][index] = probabilities[1][index] = None
+        rows[f"attentions layer {index}"].update(case, *layer, exact.transpose(1, 2)[real].flatten(0, 1))
+        compared.append(index)
+
+    with _each_layer_attention(runners[2].backbone, compare):  # the float64 reference: eager, every output
+        exact = runners[2].backbone(**batch, output_hidden_states=True, return_dict=True)
+    exact = (exact.hidden_states, exact.pooler_output, exact.last_hidden_state)
+    if not attentions:
+        options = dict(output_hidden_states=True, return_dict=True)
+        outputs = [runner.backbone(**batch, **options) for runner in runners[:2]]
+        outputs = [(output.hidden_states, output.pooler_output, output.last_hidden_state) for output in outputs]
+    outputs.append(exact)
+    del exact
+    counts = {len(hidden_states) for hidden_states, _, _ in outputs} | {len(layers) + 1 for layers in probabilities}
+    if len(counts) != 1 or compared != list(range(len(probabilities[0]))):
+        raise ValueError(f"{sorted(counts)} hidden states: hfbert and transformers disagree on the layer count")
+    for index, states in enumerate(zip(*(hidden_states for hidden_states, _, _ in outputs), strict=True)):
+        rows["embeddings" if index == 0 else f"layer {index - 1}"].update(
+            case, *(_real_rows(x, real, all_real) for x in states)
+        )
+    if "pooler" in rows:
+        rows["pooler"].update(case, *(pooler for _, pooler, _ in outputs))
+    kept = tuple(
+        {"last_hidden_state": last} | ({"pooler_output": pooler} if pooler is not None else {})
+        for _, pooler, last in outputs[1:]
+    )
+    if runners[0].head is not None:
+        # The logits as each masked-LM model's forward computes them: its head on its backbone's last hidden state.
+        last = [last for _, _, last in outputs]
+        del outputs
+        exact = _real_rows(runners[2].head(last[2]), real, all_real)
+        ours, theirs = (
+            _real_rows(runner.head(x), real, all_real) for runner, x in zip(runners[:2], last[:2], strict=True)
+        )
+        _, _, reference_error = rows["mlm logits"].update(case, ours, theirs, exact)
+        # A swap in the top-k is a real difference unless the exact logits are tied within the allowed error.
+        their_max_abs = reference_max_abs = 0.0
+        for part in reference_error:  # max |theirs - exact| and max |exact| over this batch, as measured
+            their_max_abs = _worse(their_max_abs, part.max_abs)
+            reference_max_abs = _worse(reference_max_abs, part.reference_max_abs)
+        tie = 2 * allowed_error(dtype, their_max_abs, reference_max_abs, bound)
+        rows[f"mlm top-{TOP_K}"].update(case, ours, exact, tie=tie)
+    return kept

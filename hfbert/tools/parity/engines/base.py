@@ -1,0 +1,152 @@
+"""The one interface every engine of a parity run follows: load, then run a batch to named outputs.
+
+A batch is what the battery builds (`cases.py`): int64 tensors `input_ids`, `attention_mask`, `token_type_ids`
+and, for left padding, `position_ids`. The outputs are named as transformers names them: `last_hidden_state`
+(batch, sequence, hidden) and, where the engine has one, `pooler_output` (batch, hidden).
+
+A deployment artifact (ONNX file, OpenVINO IR, CTranslate2 folder) is one `ArtifactEngine`: its module in this
+package says which paths it `accepts` and how to `load` one. Graphs that take no `position_ids` get a left-padded
+batch turned right-padded first (the same real tokens at the same positions, as the battery's position_ids put
+them), and their outputs turned back, so every engine is compared at the same real positions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from hfbert.tools.extras import MissingExtraError
+
+BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+INSTALL_DEPLOY = "pip install 'hfbert[deploy]'"
+
+
+class ArtifactError(ValueError):
+    """An artifact that is not a BERT encoder this check can run: the message names the file and what was expected."""
+
+
+def import_engine(module: str, engine: str) -> Any:
+    """The engine's package, or one error (exit 2 from the command line) naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtraError(f"{engine} is not installed (needed for this artifact): {INSTALL_DEPLOY}") from None
+
+
+def installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def reason_of(error: BaseException) -> str:
+    """An engine's exception as one line: its message's lines joined, at most 240 characters."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+def check_inputs(path: Path, names: list[str]) -> None:
+    """A BERT encoder takes input_ids and at most the other three inputs of `BERT_INPUTS`, by these names."""
+    unknown = [name for name in names if name not in BERT_INPUTS]
+    if unknown or "input_ids" not in names:
+        what = f"unknown input(s) {', '.join(unknown)}" if unknown else "no input_ids input"
+        raise ArtifactError(
+            f"{path}: not a BERT encoder this check can feed ({what}; inputs {', '.join(names) or 'none'}); "
+            f"expected input_ids and optionally {', '.join(BERT_INPUTS[1:])}"
+        )
+
+
+def check_hidden_size(path: Path, size: Any, hidden_size: int, where: str = "last_hidden_state") -> None:
+    """A static last dimension of the output that is not the model's hidden size: another model."""
+    if isinstance(size, int) and size > 0 and size != hidden_size:
+        raise ArtifactError(
+            f"{path}: {where} has hidden size {size}, but the model's is {hidden_size} (expected an encoder of "
+            f"this model)"
+        )
+
+
+def left_to_right(batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor | None]:
+    """A left-padded batch (it carries position_ids) as right padding, and the shift of each row (None when the
+    batch is already right-padded). The position_ids are dropped: right-padded, the real tokens sit at 0..n-1,
+    the positions the battery gives them."""
+    if "position_ids" not in batch:
+        return batch, None
+    mask = batch["attention_mask"]
+    shift = mask.shape[1] - mask.sum(dim=1)
+    batch = {name: _roll(value, shift) for name, value in batch.items() if name != "position_ids"}
+    return batch, shift
+
+
+def right_to_left(output: Tensor, shift: Tensor | None) -> Tensor:
+    """A token output of `left_to_right`'s batch, back at the positions of the left-padded one."""
+    return output if shift is None else _roll(output, -shift)
+
+
+def _roll(x: Tensor, shift: Tensor) -> Tensor:
+    """Row i of (batch, sequence, ...) rolled left by shift[i]."""
+    sequence = x.shape[1]
+    index = (torch.arange(sequence)[None, :] + shift[:, None]) % sequence
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(1, index)
+
+
+@dataclass
+class ArtifactEngine:
+    """A loaded artifact: `run` takes a battery batch, returns named float32 outputs."""
+
+    path: Path
+    engine: str  # "ONNX Runtime", "OpenVINO", "CTranslate2"
+    version: str
+    precision: str  # the precision that ran, as the engine reports it
+    inputs: tuple[str, ...]  # the BERT inputs it takes
+    hidden_size: int  # the model's: an output of another size is another model
+    forward: Callable[[dict[str, Tensor]], dict[str, Tensor]]  # the engine's own call, on inputs it takes
+    graph: dict[str, Any] = field(default_factory=dict)  # facts read from the graph (approximate_gelu, int8, ...)
+    notes: list[str] = field(default_factory=list)
+
+    def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        # Right-padded unless it takes position_ids; only the inputs it takes.
+        if "position_ids" in self.inputs:
+            return self.checked(self.forward(batch), batch)
+        aligned, shift = left_to_right(batch)
+        outputs = self.checked(self.forward(aligned), aligned)
+        outputs["last_hidden_state"] = right_to_left(outputs["last_hidden_state"], shift)
+        return outputs
+
+    def checked(self, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The outputs, as float32 tensors of the shapes a BERT encoder gives, or one error naming the artifact."""
+        rows, sequence = batch["input_ids"].shape
+        hidden_size = self.hidden_size
+        last = outputs["last_hidden_state"]
+        if tuple(last.shape) != (rows, sequence, hidden_size):
+            raise ArtifactError(
+                f"{self.path}: last_hidden_state of shape {tuple(last.shape)} for a batch of {rows} x {sequence} "
+                f"tokens; expected ({rows}, {sequence}, {hidden_size}) from an encoder of this model"
+            )
+        pooler = outputs.get("pooler_output")
+        if pooler is not None and tuple(pooler.shape) != (rows, hidden_size):
+            outputs.pop("pooler_output")  # another second output (not a pooler): not compared
+        return {name: value.float() for name, value in outputs.items()}
+
+
+class TorchEngine(NamedTuple):
+    """hfbert's or transformers' model in a parity run, as the calls the comparison makes (compare.py)."""
+
+    model: Any  # the whole model: its attention implementation is switched for the eager attention call
+    backbone: Any  # its BertModel: hidden states, pooler, attention probabilities
+    head: Any  # its masked-LM head (logits from the last hidden state, as its forward computes them), or None
+
+    def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        output = self.backbone(**batch, return_dict=True)
+        named = {"last_hidden_state": output.last_hidden_state}
+        if output.pooler_output is not None:
+            named["pooler_output"] = output.pooler_output
+        return named

@@ -1,0 +1,108 @@
+"""OpenVINO: an IR `.xml` (its weights in the `.bin` beside it) on the CPU, at the f32 precision hint, or
+(`precision="default"`) at the CPU's default precision, as a user who sets no hint gets it (bf16 on CPUs with
+native bf16). The precision that ran is what the compiled model reports."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy
+import torch
+from torch import Tensor
+
+from hfbert.tools.parity.engines.base import (
+    ArtifactEngine,
+    ArtifactError,
+    check_hidden_size,
+    check_inputs,
+    import_engine,
+    installed_version,
+)
+from hfbert.tools.parity.engines.base import (
+    reason_of as _reason,
+)
+
+NAME = "OpenVINO"
+
+
+def accepts(path: Path) -> bool:
+    return path.suffix == ".xml"
+
+
+def graph_facts(model: Any) -> dict[str, Any]:
+    """An approximate GELU (Gelu with approximation_mode TANH, or a FastGelu-like pattern converted from ONNX) and
+    int8 (FakeQuantize, or int8/uint8 weights), from the IR's operations."""
+    facts: dict[str, Any] = {}
+    types: Counter = Counter()
+    for operation in model.get_ordered_ops():
+        kind = operation.get_type_name()
+        types[kind] += 1
+        if kind == "Gelu" and str(operation.get_attributes().get("approximation_mode", "")).upper() == "TANH":
+            facts.setdefault("approximate_gelu", []).append("Gelu(approximation_mode=TANH)")
+        if kind == "Constant" and operation.get_element_type().get_type_name() in ("i8", "u8", "i4", "u4"):
+            facts["int8"] = ["int8 weights"]
+        if kind == "FakeQuantize":
+            facts["int8"] = ["FakeQuantize"]
+    facts["operators"] = sorted(types)
+    if "approximate_gelu" in facts:
+        facts["approximate_gelu"] = sorted(set(facts["approximate_gelu"]))
+    return facts
+
+
+def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
+    openvino = import_engine("openvino", NAME)
+    core = openvino.Core()
+    try:
+        model = core.read_model(str(path))
+    except Exception as error:
+        reason = _reason(error)
+        raise ArtifactError(f"{path}: OpenVINO cannot read it as an IR ({reason}); expected a BERT encoder") from None
+    try:
+        inputs = [port.get_any_name() for port in model.inputs]
+    except RuntimeError:
+        raise ArtifactError(f"{path}: an input without a name; expected named BERT inputs") from None
+    check_inputs(path, inputs)
+    output_names = [sorted(port.get_names()) for port in model.outputs]
+    index = next((i for i, names in enumerate(output_names) if "last_hidden_state" in names), 0)
+    shape = model.outputs[index].get_partial_shape()
+    if shape.rank.is_static and shape.rank.get_length() != 3:
+        raise ArtifactError(f"{path}: its first output has rank {shape.rank}; expected (batch, sequence, hidden)")
+    if shape.rank.is_static and shape[2].is_static:
+        check_hidden_size(path, shape[2].get_length(), hidden_size)
+    pooler = next((i for i, names in enumerate(output_names) if "pooler_output" in names), None)
+    properties: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision != "default":
+        properties["INFERENCE_PRECISION_HINT"] = precision
+    facts = graph_facts(model)
+    try:
+        compiled = core.compile_model(model, "CPU", properties)
+    except Exception as error:
+        reason = _reason(error)
+        raise ArtifactError(f"{path}: OpenVINO cannot compile it for the CPU ({reason})") from None
+    ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    request = compiled.create_infer_request()
+    ports = {port.get_any_name(): port for port in compiled.inputs}
+
+    def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        feed = {ports[name]: batch[name].numpy() for name in inputs}
+        results = request.infer(feed)
+        named = {"last_hidden_state": torch.from_numpy(numpy.array(results[compiled.outputs[index]]))}
+        if pooler is not None:
+            named["pooler_output"] = torch.from_numpy(numpy.array(results[compiled.outputs[pooler]]))
+        return named
+
+    hint = f"precision hint {precision}" if precision != "default" else "no precision hint (the CPU's default)"
+    int8 = " (int8 weights)" if "int8" in facts else ""
+    return ArtifactEngine(
+        path=path,
+        engine=NAME,
+        version=installed_version("openvino"),
+        precision=f"{ran}{int8}",
+        inputs=tuple(inputs),
+        hidden_size=hidden_size,
+        forward=forward,
+        graph=facts,
+        notes=[f"CPU, {hint}: inference precision {ran}"],
+    )

@@ -1,0 +1,201 @@
+"""The report of a parity run: the table, the JSON, and the figure (drawn by plot.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfbert.tools.extras import import_pyplot
+from hfbert.tools.parity.statistics import ACCURACY_RATIO, Accuracy, Row, TopKStats
+
+
+@dataclass
+class ParityReport:
+    model: str
+    model_path: str
+    reference_path: str  # where transformers loaded from: model_path unless a reference was given
+    device: str
+    dtype: str
+    attn: str
+    linear_kernel: str  # what hfbert's linear layers ran on: "F.linear", "oneDNN, packed" or "oneDNN"
+    instruction_set: str  # of the CPU kernels (hfbert.modeling.cpu.instruction_set())
+    tolerance: float | None  # the optional absolute bound on the distance to transformers
+    num_layers: int
+    versions: dict[str, str]
+    weight_files: list[dict[str, Any]]
+    cases: list[dict[str, Any]]
+    rows: list[Row]
+    reference_weight_files: list[dict[str, Any]] = field(default_factory=list)  # only with a separate reference
+    seconds: float = 0.0
+    # The bound every output is judged against: ACCURACY_RATIO, or with linear_kernel="fast" the contract of
+    # optimize_for_inference(precision="high") (hfbert.inference.ACCURACY_BOUNDS["high"]).
+    accuracy_bound: float = ACCURACY_RATIO
+    precision: str = "highest"  # the optimize_for_inference precision whose bound applies
+    artifacts: list[Any] = field(default_factory=list)  # ArtifactCheck per deployed artifact (artifacts.py)
+    sentence_pipeline: str = ""  # the sentence-transformers pipeline applied to the artifacts' token outputs
+    sentence_baseline: dict[str, Any] = field(default_factory=dict)  # transformers fp32's sentence numbers
+
+    @property
+    def hfbert_passed(self) -> bool:
+        return all(row.passed for row in self.rows)
+
+    @property
+    def passed(self) -> bool:
+        """hfbert and every artifact within their bounds."""
+        return self.hfbert_passed and all(check.passed for check in self.artifacts)
+
+    @property
+    def first_failing_artifact(self) -> str | None:
+        """'ARTIFACT (OUTPUT, ratio)' of the first artifact that fails, or None."""
+        from hfbert.tools.parity.artifact_report import first_failure
+
+        return first_failure(self.artifacts)
+
+    @property
+    def first_divergence(self) -> str | None:
+        """The first output, in forward order, that fails (None when all pass)."""
+        failing = [row for row in self.rows if not row.passed]
+        return min(failing, key=lambda row: row.order).name if failing else None
+
+    @property
+    def rule(self) -> str:
+        rule = f"hfbert's RMS error vs float64 <= {self.accuracy_bound:g}x transformers' own ({self.dtype})"
+        if self.accuracy_bound != ACCURACY_RATIO:
+            rule += f", the bound of optimize_for_inference(precision={self.precision!r})"
+        return rule + (f", and max abs vs transformers <= {self.tolerance:g}" if self.tolerance is not None else "")
+
+    def table(self) -> str:
+        tokens = sum(case["real_tokens"] for case in self.cases)
+        described = ", ".join(f"{case['name']} {case['sequences']}" for case in self.cases)
+        lines = [f"model      {self.model_path}"]
+        if self.reference_path != self.model_path:
+            lines.append(f"reference  {self.reference_path} (loaded in transformers)")
+        where = self.versions["device_name"]
+        lines += [
+            f"run        {self.device} ({where}, {self.instruction_set}), {self.dtype}, attention {self.attn}, "
+            f"linear {self.linear_kernel}; hfbert {self.versions['hfbert']}, "
+            f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
+            f"inputs     {described} sequences; {tokens} real tokens compared per output",
+            f"verdict    {self.rule}",
+            "",
+            f"{'':<28} {'hfbert vs transformers (' + self.dtype + ')':<46}  {'error vs float64: max abs, RMS':<32}",
+            f"{'output':<28} {'max abs':>10} {'max rel':>10} {'mean abs':>10} {'min cos':>11}  "
+            f"{'hfbert':>10} {'transf.':>10} {'hfbert':>10} {'transf.':>10} {'ratio':>6}  result",
+        ]
+        for row in self.rows:
+            verdict = "pass" if row.passed else "FAIL"
+            if isinstance(row.total, TopKStats):
+                s = row.total
+                numbers = f"{s.identical}/{s.positions} positions identical to float64's, {s.near_ties} near ties"
+                lines.append(f"{row.name:<28} {numbers:<102} {verdict}")
+                continue
+            accuracy, s = row.total, row.total.versus_transformers
+            note = f"  ({row.note})" if row.note else ""
+            lines.append(
+                f"{row.name:<28} {s.max_abs:>10.3e} {s.max_rel:>10.3e} {s.mean_abs:>10.3e} {s.min_cosine:>11.8f}  "
+                f"{accuracy.ours_error.max_abs:>10.3e} {accuracy.reference_error.max_abs:>10.3e} "
+                f"{accuracy.ours_error.rms:>10.3e} {accuracy.reference_error.rms:>10.3e} "
+                f"{accuracy.ratio:>6.2f}  {verdict}{note}"
+            )
+        lines.append("")
+        first = self.first_divergence
+        if first is None:
+            ratios = [(row.total.ratio, row.name) for row in self.rows if isinstance(row.total, Accuracy)]
+            worst, name = max(ratios)
+            accurate = (
+                "as accurate as transformers' own"
+                if self.accuracy_bound == ACCURACY_RATIO
+                else f"within {self.accuracy_bound:g}x the error of transformers' own"
+            )
+            lines.append(f"all {len(self.rows)} outputs {accurate} {self.dtype} (worst ratio {worst:.2f}, {name})")
+        else:
+            failed = sum(not row.passed for row in self.rows)
+            lines.append(f"{failed} of {len(self.rows)} outputs fail ({self.rule}); first divergence: {first}")
+            row = next(row for row in self.rows if row.name == first)
+            cases = [case for case, record in row.by_case.items() if not record.passed]
+            lines.append(f"           in the cases: {', '.join(cases)}")
+        if self.artifacts:
+            from hfbert.tools.parity.artifact_report import artifact_block
+
+            if self.sentence_pipeline:
+                lines += ["", f"sentence embeddings of the artifacts: {self.sentence_pipeline}, on the texts"]
+            for check in self.artifacts:
+                lines += ["", *artifact_block(check, self.sentence_baseline)]
+            lines.append("")
+            failing = self.first_failing_artifact
+            passed = sum(check.passed for check in self.artifacts)
+            lines.append(
+                f"artifacts: {passed} of {len(self.artifacts)} pass"
+                + (f"; first failing: {failing}" if failing else "")
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "first_divergence": self.first_divergence,
+            "rule": self.rule,
+            "accuracy_ratio_bound": self.accuracy_bound,
+            "precision": self.precision,
+            "model": self.model,
+            "model_path": self.model_path,
+            "reference_path": self.reference_path,
+            "device": self.device,
+            "dtype": self.dtype,
+            "attn": self.attn,
+            "linear_kernel": self.linear_kernel,
+            "instruction_set": self.instruction_set,
+            "tolerance": self.tolerance,
+            "num_layers": self.num_layers,
+            "versions": self.versions,
+            "weight_files": self.weight_files,
+            "reference_weight_files": self.reference_weight_files,
+            "cases": self.cases,
+            "seconds": self.seconds,
+            "definitions": {
+                "max_abs": "max |a - b| over real positions, hfbert (a) against transformers in the same dtype (b)",
+                "max_rel": "max over token vectors of ||a - b|| / ||b|| (L2)",
+                "mean_abs": "mean |a - b| over real positions",
+                "min_cosine": "min cosine similarity of a token vector (attention: a row per head; pooler: a sequence)",
+                "hfbert_error_vs_float64": "the same numbers, hfbert against transformers run in float64",
+                "transformers_error_vs_float64": "the same numbers, transformers (same dtype) against its float64 run",
+                "rms": "root mean square of the differences",
+                "accuracy_ratio": "hfbert's RMS error vs float64 / transformers' RMS error vs float64",
+                "allowed_error": f"{self.accuracy_bound:g} x max(transformers' RMS error, eps(dtype) x RMS of the "
+                "values)",
+                "passed": "hfbert's RMS error vs float64 <= allowed_error (and max_abs <= tolerance when given); "
+                f"top-5: every position identical to float64's or a near tie within {2 * self.accuracy_bound:g}x "
+                "transformers' max abs error",
+            },
+            "rows": [row.to_dict() for row in self.rows],
+            "hfbert_passed": self.hfbert_passed,
+            "first_failing_artifact": self.first_failing_artifact,
+            "sentence_pipeline": self.sentence_pipeline,
+            "transformers_sentence_embeddings": self.sentence_baseline,
+            "artifacts": [check.to_dict() for check in self.artifacts],
+        }
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        from converters.atomic_write import atomic_file
+
+        with atomic_file(path) as temporary:
+            temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def plot(self, path: str | os.PathLike) -> None:
+        """Write `figure()` to an image file (the format from its suffix; png by default), atomically."""
+        from converters.atomic_write import atomic_file
+
+        pyplot = import_pyplot()
+        figure = self.figure()
+        with atomic_file(path) as temporary:
+            figure.savefig(temporary, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
+        pyplot.close(figure)
+
+    def figure(self) -> Any:
+        """A matplotlib figure of what is judged (hfbert.tools.parity.plot.figure)."""
+        from hfbert.tools.parity.plot import figure
+
+        return figure(self)
