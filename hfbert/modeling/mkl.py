@@ -94,13 +94,14 @@ def _cbwr_get():
     return function
 
 
-def use_fast_branch() -> str:
+def use_fast_branch() -> None:
     """Switch MKL to its instruction-set branch (`MKL_CBWR=AUTO`) on AMD CPUs without AVX-512, unless the user
-    set MKL's branch or instructions, or `HFBERT_MKL_BRANCH=off`, or MKL has already run. Runs once per process;
-    returns `mkl_branch()`."""
+    set MKL's branch or instructions, or `HFBERT_MKL_BRANCH=off`, or MKL has already run. Runs once per process.
+    Where it sets nothing it asks MKL nothing either: asking would fix MKL's setting, and a user may still set it
+    after `import hfbert`, before the first product."""
     global _reason
     if _reason is not None:
-        return mkl_branch()
+        return
     user = [name for name in USER_SETTINGS if os.environ.get(name)]
     if not torch.backends.mkl.is_available():
         _reason = "no MKL in this torch build"
@@ -117,13 +118,12 @@ def use_fast_branch() -> str:
         os.environ[SETTING] = FAST_BRANCH
         if get is None:  # MKL cannot be asked: the variable stays, for MKL's first call to read
             _reason = "set by hfbert: AMD CPU; whether MKL had already run is unknown"
-            return mkl_branch()
+            return
         try:
             took = get(1) & ~STRICT == 2
         finally:
             del os.environ[SETTING]
         _reason = "set by hfbert: AMD CPU" if took else _late()
-    return mkl_branch()
 
 
 def _late() -> str:
