@@ -129,7 +129,7 @@ def use_fast_branch() -> None:
 def _late() -> str:
     return (
         f"MKL had already run in this process before `import hfbert` could set {SETTING}={FAST_BRANCH}; "
-        f"set it in the environment before Python starts (export {SETTING}={FAST_BRANCH})"
+        f"set it in the environment before Python starts: export {SETTING}={FAST_BRANCH}"
     )
 
 
