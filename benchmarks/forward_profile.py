@@ -8,7 +8,9 @@ tokens (batch-1 latency) and 8 x 128 (a dense batch). The products are the ops t
 sgemm through `aten::addmm` / `aten::mm`, oneDNN's fp32 `mkldnn::_linear_pointwise` and int8
 `onednn::qlinear_pointwise`); the rest is attention, LayerNorm, GELU, int8's quantization and the tensor
 bookkeeping. If the products dominate, fewer eager ops cannot make the forward much faster: only a faster product
-can. Prints the CPU and instruction set.
+can. Prints the CPU, the instruction set and the branch MKL's sgemm runs (`hfbert.modeling.mkl`: on AMD CPUs
+without AVX-512, `MKL_CBWR=AUTO`, set at `import hfbert`; `HFBERT_MKL_BRANCH=off python -m benchmarks.forward_profile`
+profiles MKL's default branch).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import hfbert
 from hfbert.modeling.cpu import cpu_name, instruction_set
+from hfbert.modeling.mkl import mkl_branch
 
 PRODUCTS = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise")
 MODES = {
@@ -33,7 +36,8 @@ SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
 
 def main() -> int:
     torch.manual_seed(0)
-    print(f"Machine: {cpu_name()}; instruction set {instruction_set()}; {torch.get_num_threads()} threads.\n")
+    print(f"Machine: {cpu_name()}; instruction set {instruction_set()}; {torch.get_num_threads()} threads.")
+    print(f"MKL: {mkl_branch()}.\n")
     print("| mode | tokens | ms per forward | products | share |\n|---|---|---|---|---|")
     for mode, options in MODES.items():
         model = hfbert.BertModel(hfbert.BertConfig()).eval()

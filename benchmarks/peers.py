@@ -97,11 +97,14 @@ import gc
 import json
 import math
 import os
+import pickle
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,6 +132,7 @@ from hfbert.inference import packed_layers
 from hfbert.inference.compiled import compile_report, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
 from hfbert.modeling.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
+from hfbert.modeling.mkl import SETTING, SWITCH, mkl_branch
 from hfbert.tools.parity.engines.ctranslate2_engine import captured_log, import_ctranslate2
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
@@ -190,7 +194,7 @@ def hfbert_engine(
     option = (f"quantize={quantize!r}" if quantize else f"precision={precision!r}") + (", compile=True" * compile)
     weights = "" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} weights; "
     layers = "; ".join(swapped.values()) if swapped else "no layer swapped (the plain computation measured fastest)"
-    notes = [f"{weights}optimize_for_inference({option}) took {seconds:.1f} s: {layers}"]
+    notes = [f"{weights}optimize_for_inference({option}) took {seconds:.1f} s: {layers}", f"MKL: {mkl_branch()}"]
     facts = {"optimize_seconds": seconds, "swapped": dict(Counter(packed_layers(model).values()))}
     engine = torch_engine(model, notes, facts)
     if compile:
@@ -256,7 +260,65 @@ def transformers_engine(checkpoint: Path) -> Engine:
     import transformers
 
     model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
-    return torch_engine(model, ["sdpa attention"])
+    return torch_engine(model, ["sdpa attention", f"MKL: {mkl_branch()}"])
+
+
+def transformers_default_engine(checkpoint: Path, threads: int) -> Engine:
+    """transformers as users run it without hfbert: MKL's default branch (MKL_CBWR unset), where this process runs
+    another (`hfbert.modeling.mkl`). MKL reads its setting once per process, so this engine is a process of its own
+    (`transformers_worker`), sent each batch once before the clock starts and asked to run it at each call (the
+    output comes back pickled through a pipe, as part of the time: well under 1% of a call here)."""
+    here = mkl_branch()
+    if here.startswith(("MKL default", "no MKL")):
+        raise EngineUnavailableError(f"MKL runs its default branch in this process too ({here}): not timed twice")
+    environment = {name: value for name, value in os.environ.items() if name != SETTING}
+    environment[SWITCH] = "off"
+    command = [sys.executable, "-m", "benchmarks.peers", "--threads", str(threads), "--transformers-worker"]
+    process = subprocess.Popen(
+        [*command, str(checkpoint)], env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+
+    def ask(*message: Any) -> Any:
+        pickle.dump(message, process.stdin)
+        process.stdin.flush()
+        return pickle.load(process.stdout)
+
+    notes = ["sdpa attention", f"MKL: {ask('branch')}", "in a process of its own, each output sent back through a pipe"]
+    engine = Engine(run=lambda key: ask("run", key), prepare=lambda inputs: ask("keep", inputs), notes=notes)
+    weakref.finalize(engine, stop_worker, process)
+    return engine
+
+
+def stop_worker(process: subprocess.Popen) -> None:
+    process.stdin.close()
+    process.wait(timeout=60)
+
+
+def transformers_worker(checkpoint: Path, threads: int) -> int:
+    """The process behind `transformers_default_engine`: pickled requests on stdin, pickled answers on stdout."""
+    import transformers
+
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr: the pipe carries answers only
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    kept: list[dict[str, torch.Tensor]] = []
+    with torch.no_grad():
+        while True:
+            try:
+                kind, *arguments = pickle.load(sys.stdin.buffer)
+            except EOFError:
+                return 0
+            if kind == "branch":
+                answer: Any = mkl_branch()
+            elif kind == "keep":
+                kept.append(arguments[0])
+                answer = len(kept) - 1
+            else:
+                answer = model(**kept[arguments[0]]).last_hidden_state
+            pickle.dump(answer, answers)
+            answers.flush()
 
 
 def numpy_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -381,6 +443,9 @@ def build_engines(
         engines["hfbert"] = attempt(skipped, "hfbert fp32", lambda: hfbert_engine(checkpoint))
         engines["hfbert fast"] = attempt(skipped, "hfbert fast", lambda: hfbert_engine(checkpoint, precision="high"))
         engines["transformers"] = transformers_engine(checkpoint)
+        engines["transformers (MKL default)"] = attempt(
+            skipped, "transformers (MKL default)", lambda: transformers_default_engine(checkpoint, threads)
+        )
     if precision == "int8":
         engines["hfbert"] = attempt(skipped, "hfbert int8", lambda: hfbert_engine(checkpoint, quantize="int8"))
         engines["hfbert compiled"] = attempt(
@@ -659,6 +724,7 @@ def machine_info(args: argparse.Namespace) -> dict:
         "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         "cpu": cpu_name(),
         "instruction_set": instruction_set(),
+        "mkl_branch": mkl_branch(),
         "avx512_bf16": "avx512_bf16" in cpu_flags(),
         "cores": os.cpu_count(),
         "threads": args.threads,
@@ -706,6 +772,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
     add_allow_busy_option(parser)
+    parser.add_argument("--transformers-worker", type=Path, help=argparse.SUPPRESS)  # transformers_default_engine
     parser.add_argument(
         "--without-ctranslate2",
         action="store_true",
@@ -848,6 +915,8 @@ def progress(text: str) -> None:
 
 def main() -> int:
     args = parse_args()
+    if args.transformers_worker:
+        return transformers_worker(args.transformers_worker, args.threads)
     if args.render:
         report.render_file("peers", args.render, args.allow_busy)
         return 0

@@ -250,13 +250,21 @@ def contract_figures(results: list[dict], images: Path) -> None:
 # -- peers ---------------------------------------------------------------------------------------------------------
 # A row's ratios are against its fastest of these.
 HFBERT_ENGINES = ("hfbert", "hfbert fast", "hfbert compiled", "hfbert bf16")
-PEERS = ("transformers", "ONNX Runtime", "OpenVINO", "OpenVINO (default precision)", "CTranslate2")
+PEERS = (
+    "transformers",
+    "transformers (MKL default)",
+    "ONNX Runtime",
+    "OpenVINO",
+    "OpenVINO (default precision)",
+    "CTranslate2",
+)
 ENGINES = (*HFBERT_ENGINES, *PEERS)  # the table's columns, in this order (those that ran)
 # Issue 26's goals, printed, never asserted: hfbert's fastest engine over the fastest peer, per row; dense fp32
 # (where every engine runs the same dense products) only has to match it.
 GOAL_PEER_RATIO, GOAL_DENSE_FP32_RATIO, GOAL_FLOOR_RATIO = 1.1, 1.0, 1.33
 COLORS = {
     "transformers": "#7f7f7f",
+    "transformers (MKL default)": "#c7c7c7",
     "ONNX Runtime": "#1f77b4",
     "OpenVINO": "#9467bd",
     "OpenVINO (default precision)": "#c5b0d5",
@@ -289,6 +297,8 @@ def peers_machine(result: dict) -> list[str]:
         "every engine.",
         "Versions: " + ", ".join(f"{name} {value}" for name, value in machine["versions"].items()) + ".",
     ]
+    if machine.get("mkl_branch"):
+        lines.append(f"MKL (torch's fp32 products: hfbert's, transformers'): {machine['mkl_branch']}.")
     if machine.get("cap"):
         variables = " ".join(f"{name}={value}" for name, value in machine["cap_variables"].items())
         lines.append(f"Cap {variables}: {machine.get('cap_reach', '')}.")

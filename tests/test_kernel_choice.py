@@ -5,6 +5,7 @@ is what runs, and that a kernel that loses is never picked."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -46,6 +47,77 @@ def test_the_plain_computation_is_kept_unless_another_is_clearly_faster():
     assert measured.measured_choice(("test", "a"), [plain, faster_at_few_rows]) == (1, 0, 0)
     assert measured.measured_choice(("test", "b"), [plain, barely_faster]) == (0, 0, 0)
     assert measured.measured_choice(("test", "c"), [plain, barely_faster, faster_at_few_rows]) == (2, 0, 0)
+
+
+class ScriptedClock:
+    """Stands in for the timer of `measured.py`: time moves only when a scripted candidate runs, by the next
+    duration of its script, so each test sees exactly the noise it writes down."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def candidate(self, *durations_ms: float):
+        """A candidate whose calls take `durations_ms`, over and over (the same script at every row count)."""
+
+        def at(rows):
+            script = itertools.cycle(durations_ms)
+
+            def call():
+                self.now += next(script) / 1e3
+
+            return call
+
+        return at
+
+
+@pytest.fixture
+def clock(monkeypatch) -> ScriptedClock:
+    clock = ScriptedClock()
+    monkeypatch.setattr(measured, "_clock", clock)
+    monkeypatch.setattr(measured, "_measured", {})
+    return clock
+
+
+def test_a_slower_kernel_with_lucky_calls_is_not_picked(clock):
+    """One fast call in three (a quiet moment of the machine) does not make a kernel that is slower win: the fastest
+    call of each, the old rule, would have picked it."""
+    plain = clock.candidate(10)
+    lucky = clock.candidate(12, 12, 5)
+    assert measured.measured_choice(("noise", "lucky"), [plain, lucky]) == (0, 0, 0)
+
+
+def test_a_kernel_barely_faster_than_a_disturbed_plain_one_is_not_picked(clock):
+    """The plain computation slowed 3x in one call of three by another process: a challenger only 5% faster than
+    its undisturbed time wins those rounds, not the median nor most rounds."""
+    plain = clock.candidate(10, 10, 30)
+    barely = clock.candidate(9.5)
+    assert measured.measured_choice(("noise", "disturbed"), [plain, barely]) == (0, 0, 0)
+
+
+def test_a_clearly_faster_kernel_wins_through_noise(clock):
+    """Twice as fast, though one call in four is slowed 8x: picked, at every row count; among two challengers, the
+    faster one."""
+    plain = clock.candidate(10)
+    fast = clock.candidate(5, 5, 5, 40)
+    faster = clock.candidate(3, 3, 3, 30)
+    assert measured.measured_choice(("noise", "clear"), [plain, fast]) == (1, 1, 1)
+    assert measured.measured_choice(("noise", "two"), [plain, fast, faster]) == (2, 2, 2)
+
+
+def test_candidates_take_turns_in_a_rotating_order(clock):
+    ran = []
+
+    def named(name):
+        return lambda rows: lambda: ran.append(name) or setattr(clock, "now", clock.now + 0.01)
+
+    measured.measured_choice(("noise", "order"), [named("a"), named("b"), named("c")])
+    rounds = measured.ROUNDS[0]
+    timed = ran[6 : 6 + 3 * rounds]  # after two warm-up calls each, the first row count's rounds
+    assert [timed[3 * index] for index in range(rounds)] == list(itertools.islice(itertools.cycle("abc"), rounds))
+    assert all(sorted(timed[3 * index : 3 * index + 3]) == ["a", "b", "c"] for index in range(rounds))
 
 
 def test_a_choice_is_measured_once_per_key():

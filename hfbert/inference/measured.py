@@ -4,8 +4,15 @@ A kernel that wins on one CPU loses on another: oneDNN's packed product beats MK
 rows, and loses to it on Zen 3's AVX2 at many (docs/cpu-inference.md). So every swapped module is handed the
 candidates for its block (candidate 0 is always the plain computation, the model's own), and `measured_choice` times
 them once per process on inputs of the block's shape at a few row counts (ROW_BUCKETS), with this process's thread
-count. A call then runs the candidate chosen for the nearest row count. Another candidate replaces the plain one only
-where it takes at most WIN_MARGIN of its time, so that noise in the timing cannot make a model slower.
+count. A call then runs the candidate chosen for the nearest row count.
+
+The choice must not flip with the noise of a shared machine, or an optimized model would run slower than the plain
+one. So the candidates are timed in rounds, each round running every candidate once in a rotating order (what the
+machine does meanwhile lands on all of them alike), and another candidate replaces the plain one only if it is
+clearly faster twice over: its median takes at most WIN_MARGIN of the plain median, and it took at most WIN_MARGIN
+of the plain time in at least WIN_SHARE of the rounds, each round compared with itself. Where the two disagree, the
+rounds are measured once more; still undecided, the plain computation stays. A lucky fast call or an unlucky slow
+one moves neither a median nor most rounds.
 
     >>> measured_choice(("doc", 1), [lambda rows: (lambda: None)] * 2)  # doctest: +SKIP
     (0, 0, 0)
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
 
@@ -24,10 +32,14 @@ import torch
 # 32 sentences of 32 tokens).
 ROW_BUCKETS = (16, 128, 1024)
 WIN_MARGIN = 0.9
-# Each candidate is timed this many times at each row count, interleaved with the others, and its fastest time
-# counts: a call slowed by another process is discarded as long as one of its rounds ran undisturbed. Fewer
-# rounds at the largest row count, where a call takes tens of milliseconds.
-ROUNDS = (7, 5, 3)
+# Rounds per row count: fewer at the largest, where a call takes tens of milliseconds.
+ROUNDS = (9, 7, 5)
+# The share of rounds a challenger must win by WIN_MARGIN, besides its median.
+WIN_SHARE = 2 / 3
+# A sample is at least this long (several calls of a fast block): one call of a few microseconds is mostly timer
+# and scheduler.
+MIN_SAMPLE = 1e-3
+_clock = time.perf_counter
 
 # Bucket boundaries: the geometric means of neighbouring buckets.
 _BOUNDS = tuple(math.sqrt(low * high) for low, high in zip(ROW_BUCKETS, ROW_BUCKETS[1:], strict=False))
@@ -62,13 +74,49 @@ def measured_choice(key: Hashable, candidates: Sequence[Candidate]) -> tuple[int
 
 def _fastest(calls: list[Callable[[], object]], rounds: int) -> int:
     with torch.inference_mode():
-        for call in calls:  # warm up: first-call allocations, oneDNN's primitive cache
-            call()
-        best = [math.inf] * len(calls)
-        for _ in range(rounds):
-            for index, call in enumerate(calls):
-                started = time.perf_counter()
-                call()
-                best[index] = min(best[index], time.perf_counter() - started)
-    challenger = min(range(1, len(calls)), key=best.__getitem__, default=0)
-    return challenger if challenger and best[challenger] <= WIN_MARGIN * best[0] else 0
+        repeats = [_repeats(call) for call in calls]
+        samples: list[list[float]] = [[] for _ in calls]
+        for _ in range(2):
+            _sample(calls, repeats, rounds, samples)
+            choice = _decide(samples)
+            if choice is not None:
+                return choice
+    return 0
+
+
+def _repeats(call: Callable[[], object]) -> int:
+    """Calls per sample: enough for MIN_SAMPLE, judged by the second of two warm-up calls (the first allocates
+    and fills oneDNN's primitive cache)."""
+    call()
+    started = _clock()
+    call()
+    return max(1, min(100, math.ceil(MIN_SAMPLE / max(_clock() - started, 1e-9))))
+
+
+def _sample(calls: list[Callable[[], object]], repeats: list[int], rounds: int, samples: list[list[float]]) -> None:
+    """`rounds` more seconds-per-call samples of each call, interleaved, the order rotating by one each round."""
+    for round_index in range(rounds):
+        for offset in range(len(calls)):
+            index = (round_index + offset) % len(calls)
+            started = _clock()
+            for _ in range(repeats[index]):
+                calls[index]()
+            samples[index].append((_clock() - started) / repeats[index])
+
+
+def _decide(samples: list[list[float]]) -> int | None:
+    """The index of the candidate to run, or None while the rounds disagree: a challenger whose median beats the
+    plain one's by WIN_MARGIN but that does not win WIN_SHARE of the rounds (or the reverse)."""
+    medians = [statistics.median(times) for times in samples]
+    challenger = min(range(1, len(samples)), key=medians.__getitem__, default=0)
+    if not challenger:
+        return 0
+    won = sum(mine <= WIN_MARGIN * plain for mine, plain in zip(samples[challenger], samples[0], strict=True)) / len(
+        samples[0]
+    )
+    median_wins = medians[challenger] <= WIN_MARGIN * medians[0]
+    if median_wins and won >= WIN_SHARE:
+        return challenger
+    if not median_wins and won < 1 - WIN_SHARE:
+        return 0
+    return None

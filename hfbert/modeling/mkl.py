@@ -1,0 +1,155 @@
+"""MKL's fast branch on AMD CPUs: `MKL_CBWR=AUTO`, set at `import hfbert` where the user set nothing.
+
+torch's x86 wheels link Intel's MKL statically, and fp32 `F.linear` (every linear layer of the plain model, and of
+transformers) and float64 products (the parity reference) are MKL's sgemm and dgemm. MKL picks its code by CPU
+vendor: on AMD CPUs its default is a slower generic branch. `MKL_CBWR`, MKL's documented "conditional numerical
+reproducibility" setting, makes it dispatch on the instruction set instead; on AMD CPUs MKL 2024.2 (torch 2.13)
+runs every branch named there (AVX2, AVX512, ...) as AUTO (MKL_VERBOSE prints `CNR:AUTO`), and COMPATIBLE is
+slower still. So hfbert sets AUTO: the instruction set's own branch, whatever the CPU has. Summation order is
+MKL's fixed order for that branch; the error against float64 stays transformers' own (tests/test_mkl_branch.py,
+docs/cpu-inference.md).
+
+Where it pays is measured per instruction set (`python -m benchmarks.mkl_branch`): on an AVX2 Zen 3, bert-base's
+products at 16 rows took about 0.6x the default's time; on an AVX-512 Zen 5, MKL's default was as fast as AUTO.
+So hfbert sets it on AMD CPUs without AVX-512, and leaves MKL's default where the CPU has AVX-512 (Zen 4, not
+measured, included: nothing says it gains).
+
+MKL reads the variable once, at its first call in the process: torch's import does not call it, a product does.
+`use_fast_branch()` (the first thing `import hfbert` runs) sets it where
+
+- the CPU's vendor is AMD (elsewhere MKL's own dispatch is already its fast branch), without AVX-512,
+- the user set neither `MKL_CBWR` nor `MKL_ENABLE_INSTRUCTIONS` (a user's choice is never changed),
+- `HFBERT_MKL_BRANCH` is not `off` (the user's off switch),
+
+then makes MKL read it at once and puts the environment back as it was: the branch holds for this process, and
+child processes start from the user's own environment. Where MKL has already run (torch computed a product before
+`import hfbert`), the branch cannot change any more: `mkl_branch()` says so, and the way out is to set
+`MKL_CBWR=AUTO` in the environment before Python starts.
+
+    >>> from hfbert.modeling.mkl import mkl_branch
+    >>> mkl_branch()  # doctest: +SKIP
+    'MKL_CBWR=AUTO (set by hfbert: AMD CPU)'
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from hfbert.modeling.cpu import cpu_flags
+
+SETTING = "MKL_CBWR"
+FAST_BRANCH = "AUTO"
+SWITCH = "HFBERT_MKL_BRANCH"  # "off": leave MKL's branch alone
+USER_SETTINGS = (SETTING, "MKL_ENABLE_INSTRUCTIONS")
+# mkl_cbwr_get's answers (mkl_service.h); MKL_CBWR_STRICT is a flag on top.
+BRANCHES = {
+    1: "MKL default",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    11: "AVX512_MIC",
+    12: "AVX512",
+    13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+}
+STRICT = 0x10000
+
+# What use_fast_branch found, for mkl_branch(): why MKL runs the branch it runs.
+_reason: str | None = None
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string ("AuthenticAMD", "GenuineIntel"), or "" where it cannot be read."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("vendor_id"):
+                return line.partition(":")[2].strip()
+    return next((word for word in ("AuthenticAMD", "GenuineIntel") if word in platform.processor()), "")
+
+
+@functools.cache
+def _cbwr_get():
+    """MKL's own answer to which branch it runs (`mkl_serv_cbwr_get`, exported by torch's libtorch_cpu), or None
+    where this torch has no such symbol. Calling it makes MKL read `MKL_CBWR` if it has not yet."""
+    if not torch.backends.mkl.is_available():
+        return None
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        function = ctypes.CDLL(str(library)).mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    function.restype, function.argtypes = ctypes.c_int, [ctypes.c_int]
+    return function
+
+
+def use_fast_branch() -> None:
+    """Switch MKL to its instruction-set branch (`MKL_CBWR=AUTO`) on AMD CPUs without AVX-512, unless the user
+    set MKL's branch or instructions, or `HFBERT_MKL_BRANCH=off`, or MKL has already run. Runs once per process.
+    Where it sets nothing it asks MKL nothing either: asking would fix MKL's setting, and a user may still set it
+    after `import hfbert`, before the first product."""
+    global _reason
+    if _reason is not None:
+        return
+    user = [name for name in USER_SETTINGS if os.environ.get(name)]
+    if not torch.backends.mkl.is_available():
+        _reason = "no MKL in this torch build"
+    elif os.environ.get(SWITCH, "").strip().lower() == "off":
+        _reason = f"{SWITCH}=off"
+    elif user:
+        _reason = f"{', '.join(f'{name}={os.environ[name]}' for name in user)} set in the environment"
+    elif cpu_vendor() != "AuthenticAMD":
+        _reason = f"{cpu_vendor() or 'unknown'} CPU: MKL's own dispatch"
+    elif "avx512f" in cpu_flags():
+        _reason = "AMD CPU with AVX-512: MKL's default measured as fast as AUTO"
+    else:
+        get = _cbwr_get()
+        os.environ[SETTING] = FAST_BRANCH
+        if get is None:  # MKL cannot be asked: the variable stays, for MKL's first call to read
+            _reason = "set by hfbert: AMD CPU; whether MKL had already run is unknown"
+            return
+        try:
+            took = get(1) & ~STRICT == 2
+        finally:
+            del os.environ[SETTING]
+        _reason = "set by hfbert: AMD CPU" if took else _late()
+
+
+def _late() -> str:
+    return (
+        f"MKL had already run in this process before `import hfbert` could set {SETTING}={FAST_BRANCH}; "
+        f"set it in the environment before Python starts: export {SETTING}={FAST_BRANCH}"
+    )
+
+
+def mkl_branch() -> str:
+    """The branch MKL's products run in this process and why, for reports: "MKL_CBWR=AUTO (set by hfbert: AMD
+    CPU)", "MKL default (GenuineIntel CPU: MKL's own dispatch)", "MKL default (HFBERT_MKL_BRANCH=off)", ... Asking
+    makes MKL read its setting, as its first product would."""
+    get = _cbwr_get()
+    if get is None:
+        if not torch.backends.mkl.is_available():
+            return "no MKL in this torch build"
+        running = f"{SETTING}={os.environ[SETTING]}" if os.environ.get(SETTING) else "MKL default"
+    else:
+        answer = get(1)
+        name = BRANCHES.get(answer & ~STRICT, f"branch {answer & ~STRICT}") + (",STRICT" if answer & STRICT else "")
+        running = name if answer == 1 else f"{SETTING}={name}"
+    return f"{running} ({_reason or 'hfbert did not set it'})"
+
+
+def started_too_late() -> bool:
+    """Whether hfbert wanted MKL's fast branch here but MKL had already run: what `optimize_for_inference` and the
+    reports warn about."""
+    return _reason is not None and _reason.startswith("MKL had already run")
