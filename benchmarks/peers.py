@@ -103,7 +103,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable
