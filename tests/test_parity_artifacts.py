@@ -231,6 +231,7 @@ def not_bert(tmp_path: Path, small: tuple[Path, dict[str, Path]], kind: str) -> 
     return tmp_path / "absent.onnx", "no such file or folder"
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript exporter's, for the test graphs
 @pytest.mark.parametrize(
     "kind",
     ["corrupt file", "decoder", "other hidden size", "not an IR", "folder without a model", "missing file"],
