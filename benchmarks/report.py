@@ -14,7 +14,8 @@ Results (docs/results/), the scripts that write them and the pages (docs/) they 
 - numerical_contract.json: `python -m benchmarks.numerical_contract`, into numerical-contract.md;
 - peers.json and peers_avx2.json: `python -m benchmarks.peers [--cap-isa AVX2]`, into cpu-inference.md;
 - benchmark.json and benchmark_optimized.json: `python -m benchmarks.benchmark [--optimized]`, into
-  cpu-inference.md.
+  cpu-inference.md;
+- certify.json: `python -m benchmarks.certify`, into certifying-a-deployment.md.
 
 Figures (PNG, docs/images/) are drawn with matplotlib when it is installed; `--check` compares the Markdown only
 (a PNG's bytes depend on the matplotlib version). This module imports neither torch nor hfbert: tests/test_docs.py
@@ -559,6 +560,53 @@ def benchmark_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# -- certifying a deployment (benchmarks/certify.py) ---------------------------------------------------------------
+def show_ratio(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return str(value)
+    return f"{value:.2f}x" if value < 100 else f"{value:,.0f}x"
+
+
+def show_cosine(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6f}"
+
+
+def certify_markdown(result: dict, images: bool = True) -> str:
+    """The worked example: per artifact, how it was built, what ran, its worst ratio against float64 (bound),
+    verdict, sentence-embedding cosines and retrieval agreement, median time per batch, and the likely causes."""
+    machine = result["machine"]
+    versions = ", ".join(f"{name} {value}" for name, value in machine["versions"].items())
+    baseline = result.get("transformers_sentence_embeddings") or {}
+    lines = [
+        f"Measured on {machine['cpu']} ({machine['instruction_set']}), {machine['threads']} threads, "
+        f"{result['model']}; {versions}.",
+        run_line(f"The run (building the artifacts included) took {result['seconds']:.0f} s", machine),
+        "",
+        f"hfbert itself: {verdict(result['hfbert']['passed'])} "
+        f"(worst ratio {show_ratio(result['hfbert']['worst_ratio'])}). "
+        f"Sentence embeddings: {result['sentence_pipeline']}; transformers fp32 itself: min cos "
+        f"{show_cosine(baseline.get('min_cosine'))} to float64.",
+        "",
+        "| artifact | engine, precision that ran | worst ratio (bound) | verdict | min cos | mean cos | top-5 "
+        "agreement | median / batch |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for entry in result["artifacts"]:
+        agreement = entry.get("retrieval_agreement")
+        lines.append(
+            f"| {entry['path']} | {entry['engine']} {entry['version']}, {entry['precision']} | "
+            f"{show_ratio(entry['worst_ratio'])} ({entry['bound']:g}x) | {verdict(entry['verdict'] == 'pass')} | "
+            f"{show_cosine(entry.get('min_cosine'))} | {show_cosine(entry.get('mean_cosine'))} | "
+            f"{'-' if agreement is None else f'{100 * agreement:.1f}%'} | "
+            f"{1000 * entry['median_seconds_per_batch']:.1f} ms |"
+        )
+    lines += ["", "How each was built, and the likely cause printed under a failing one:", ""]
+    for entry in result["artifacts"]:
+        causes = "; ".join(entry.get("likely_causes") or []) or "none printed"
+        lines.append(f"- **{entry['path']}**: {entry['built']}. Likely cause: {causes}.")
+    return "\n".join(lines)
+
+
 # -- targets: which result goes where --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Target:
@@ -591,11 +639,14 @@ def target(kind: str, result: Any) -> Target:
         name = "benchmark_optimized" if optimized else "benchmark"
         command = "python -m benchmarks.benchmark" + (" --optimized" if optimized else "") + " --update-docs"
         return Target(name, "cpu-inference.md", command, lambda r, _: benchmark_markdown(r), None)
-    raise ValueError(f"unknown benchmark {kind!r}: numerical_contract, peers or benchmark")
+    if kind == "certify":
+        command = "python -m benchmarks.certify --update-docs"
+        return Target("certify", "certifying-a-deployment.md", command, certify_markdown, None)
+    raise ValueError(f"unknown benchmark {kind!r}: numerical_contract, peers, benchmark or certify")
 
 
 def kind_of(path: Path) -> str:
-    for kind in ("numerical_contract", "peers", "benchmark"):
+    for kind in ("numerical_contract", "peers", "benchmark", "certify"):
         if path.stem == kind or path.stem.startswith(kind + "_"):
             return kind
     raise SystemExit(f"{path}: not a result of numerical_contract, peers or benchmark")

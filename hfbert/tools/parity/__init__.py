@@ -66,7 +66,8 @@ The house, one concept per file:
 - `engines/`: every engine behind one interface (load, then run a batch to named outputs): hfbert in each mode,
   transformers, ONNX Runtime, OpenVINO, CTranslate2, one file each; a deployment engine is imported only when an
   artifact needs it;
-- `artifacts.py`: an artifact's verdict and its likely causes; `sentences.py`: sentence embeddings and retrieval;
+- `artifacts.py`: an artifact's verdict and its likely causes; `artifact_paths.py`: where an artifact lies (a local
+  path, or the model's Hub repo); `sentences.py`: sentence embeddings and retrieval;
 - `report.py`, `artifact_report.py`, `plot.py`: the table, the JSON and the figure; `run.py`: `run_parity`.
 """
 

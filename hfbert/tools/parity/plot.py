@@ -31,6 +31,7 @@ def figure(report: Any) -> Any:
         ("pooler / mlm logits", extra, x_extra, "D", "C4"),
     ]
     finite = [r.total.ratio for r in accuracy_rows if math.isfinite(r.total.ratio) and r.total.ratio > 0]
+    finite += [x for c in report.artifacts for x in c.ratios.values() if math.isfinite(x) and x > 0]
     bound = report.accuracy_bound
     low, high = min([0.5, *finite]) / 1.5, max([bound * 2, *finite]) * 30  # room for the legend
     floored = False  # whether some output's eps floor allows more than the bound
@@ -85,8 +86,11 @@ def figure(report: Any) -> Any:
                     linestyle="none",
                     gid="bound of this output",
                 )
+    pooler_x = next((x for x, row in zip(x_extra, extra, strict=True) if row.name == "pooler"), None)
+    artifact_errors = _draw_artifacts(report, errors, ratios, x_hidden[-1], pooler_x, floor, (low, high))
     errors.set_yscale("log")
     plotted = [max(r.total.ours_error.rms, r.total.reference_error.rms, floor) for r in accuracy_rows] or [1.0]
+    plotted += artifact_errors
     errors.set_ylim(top=max(plotted) * 60)  # room for the legend above the data
     errors.set_ylabel(f"RMS error vs float64\n({report.dtype}; 0 drawn at {floor:g})")
     errors.legend(fontsize="small", ncol=3, loc="upper center")
@@ -124,6 +128,12 @@ def figure(report: Any) -> Any:
         else f"FAIL: {len(failed)} of {len(report.rows)} outputs beyond {within}; "
         f"first divergence: {report.first_divergence}"
     )
+    if report.artifacts:
+        passing = sum(check.passed for check in report.artifacts)
+        verdict += f"; artifacts: {passing} of {len(report.artifacts)} pass"
+        if passing < len(report.artifacts):
+            verdict = verdict.replace("PASS: all", "FAIL (artifacts): hfbert's", 1)
+        failed = failed or [check.name for check in report.artifacts if not check.passed]
     figure.suptitle(
         f"{verdict}\n{report.model[-60:]}, {report.device}, {report.dtype}, attention {report.attn}, "
         f"linear {report.linear_kernel}",
@@ -132,3 +142,41 @@ def figure(report: Any) -> Any:
     )
     figure.tight_layout()
     return figure
+
+
+ARTIFACT_MARKERS = "*PXhd"
+
+
+def _draw_artifacts(
+    report: Any, errors: Any, ratios: Any, last_x: float, pooler_x: float | None, floor: float, limits: tuple
+) -> list[float]:
+    """Each artifact beside hfbert and transformers: its RMS error against float64 and its ratio (against its own
+    bound) at the last layer's hidden state (last_hidden_state) and at the pooler; returns the errors drawn."""
+    low, high = limits
+    drawn = []
+    for index, check in enumerate(report.artifacts):
+        marker, color = ARTIFACT_MARKERS[index % len(ARTIFACT_MARKERS)], f"C{(index + 5) % 10}"
+        places = {"last_hidden_state": last_x, "pooler_output": pooler_x}
+        points = [(places[name], row) for name, row in check.rows.items() if places.get(name) is not None]
+        xs = [x + 0.25 + 0.08 * index for x, _ in points]
+        values = [max(row.total.ours_error.rms, floor) for _, row in points]
+        drawn += values
+        name = check.name if len(check.name) <= 40 else "..." + check.name[-37:]
+        label = f"{name} ({check.engine.engine}, {check.engine.precision})"
+        errors.plot(xs, values, marker=marker, linestyle="none", color=color, markersize=9, label=label)
+        for x, (_, row) in zip(xs, points, strict=True):
+            value = row.total.ratio
+            shown = min(max(value, low), high) if math.isfinite(value) else high / 2
+            ratios.plot(
+                [x],
+                [shown],
+                marker=marker,
+                linestyle="none",
+                markersize=9,
+                color=color if row.passed else "red",
+                markeredgecolor="black" if not row.passed else color,
+                gid="artifact ratio",
+            )
+        if check.bound != report.accuracy_bound:
+            ratios.plot(xs, [check.bound] * len(xs), marker="_", color=color, markersize=16, linestyle="none")
+    return drawn

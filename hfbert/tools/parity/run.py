@@ -105,6 +105,8 @@ def run_parity(
         raise ValueError(f"artifact bound must be a number > 0, got {artifact_bound}")
     if artifacts and torch.device(device).type != "cpu":
         raise ValueError(f"device {device!r}: deployed artifacts run on the CPU; run with --device cpu")
+    if artifacts and dtype != torch.float32:
+        raise ValueError(f"dtype {dtype_name}: artifacts are judged against transformers' fp32 error; use float32")
     precision = "high" if linear_kernel == "fast" else "highest"
     bound = fast_mode_bound() if linear_kernel == "fast" else ACCURACY_RATIO
 

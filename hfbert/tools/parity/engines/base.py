@@ -115,6 +115,9 @@ class ArtifactEngine:
     def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         # Right-padded unless it takes position_ids; only the inputs it takes.
         if "position_ids" in self.inputs:
+            if "position_ids" not in batch:  # right padding: the positions transformers gives by default
+                positions = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
+                batch = {**batch, "position_ids": positions}
             return self.checked(self.forward(batch), batch)
         aligned, shift = left_to_right(batch)
         outputs = self.checked(self.forward(aligned), aligned)

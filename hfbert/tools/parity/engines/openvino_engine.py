@@ -51,6 +51,15 @@ def graph_facts(model: Any) -> dict[str, Any]:
     return facts
 
 
+def _numpy_type(port: Any) -> Any:
+    """The integer type an input takes (an IR may take i32 token ids); int64 where it does not say."""
+    try:
+        kind = numpy.dtype(port.get_element_type().to_dtype())
+    except Exception:
+        return numpy.int64
+    return kind if kind.kind in "iu" else numpy.int64
+
+
 def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
     openvino = import_engine("openvino", NAME)
     core = openvino.Core()
@@ -84,9 +93,10 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     request = compiled.create_infer_request()
     ports = {port.get_any_name(): port for port in compiled.inputs}
+    kinds = {name: _numpy_type(port) for name, port in ports.items()}
 
     def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        feed = {ports[name]: batch[name].numpy() for name in inputs}
+        feed = {ports[name]: batch[name].numpy().astype(kinds[name], copy=False) for name in inputs}
         results = request.infer(feed)
         named = {"last_hidden_state": torch.from_numpy(numpy.array(results[compiled.outputs[index]]))}
         if pooler is not None:
