@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import Tensor
 
-from hfbert.tools.texts import display_name, numbered_lines
+from hfbert.tools import texts as text_files
 
 
 def default_texts() -> list[str]:
@@ -20,11 +20,11 @@ def default_texts() -> list[str]:
 
 
 def read_texts(path: str | os.PathLike) -> list[str]:
-    """One text per line (`-`: standard input); blank lines are skipped; invalid UTF-8 is named with its line and
-    column."""
-    texts = [line for _, line in numbered_lines(path) if line.strip()]
+    """The texts of a file as `hfbert embed` reads them (`hfbert.tools.texts.read_texts`: one per line, or JSONL;
+    `-`: standard input), blank ones left out; ValueError for a file with none."""
+    texts = list(text_files.read_texts(path, skip_blank=True))
     if not texts:
-        raise ValueError(f"{display_name(path)}: no text in the file (expected one text per line)")
+        raise ValueError(f"{text_files.display_name(path)}: no text in the file (expected one text per line)")
     return texts
 
 
