@@ -129,9 +129,10 @@ def optimize_for_inference(
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
     stays plain and the call warns; `inference_mode_of(model)` says what was applied."""
     mode = MODES[_mode_key(quantize, precision, kernels, compile)]
+    if compile:
+        compile_target(model)  # a model the compiled path runs, before anything changes
     unavailable = _unavailable(mode, model)
-    if compile and unavailable is None:  # everything the compiled path needs, before anything changes
-        compile_target(model)
+    if compile and unavailable is None:
         check_compiler()
     with _AllOrNothing(model):
         restore_weights(model)
@@ -191,6 +192,7 @@ class _AllOrNothing:
         self.children = [(module, dict(module._modules)) for module in self.model.modules()]
         self.training = [(module, module.training) for module in self.model.modules()]
         self.forwards = [(module, module.__dict__.get("forward")) for module in self.model.modules()]
+        self.applied = inference_mode_of(self.model)
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:
@@ -204,6 +206,8 @@ class _AllOrNothing:
             module.__dict__.pop("forward", None)
             if forward is not None:
                 module.__dict__["forward"] = forward
+        if self.applied is not None:
+            self.model.__dict__["_hfbert_inference_mode"] = self.applied
 
 
 def _choice(kernels: str, key: tuple, candidates: list[Candidate]) -> tuple[int, ...]:
