@@ -88,7 +88,7 @@ class Mode:
     steps: tuple[Callable[[nn.Module, str], None], ...]  # (model, kernels) -> swaps or compiles, in place
     available: Callable[[], bool]  # whether this torch build and CPU run its kernels
     needs: str  # what `available` checks, for the warning where it is False
-    dtypes: tuple[torch.dtype, ...]  # the parameter dtypes its kernels run
+    dtypes: Callable[[], tuple[torch.dtype, ...]]  # the parameter dtypes its kernels run here
 
 
 @dataclass(frozen=True)
@@ -174,9 +174,10 @@ def _unavailable(mode: Mode, model: nn.Module) -> str | None:
     if not mode.available():
         return f"mode {mode.name!r} needs {mode.needs}, which this torch build or CPU lacks"
     parameters = [parameter for parameter in model.parameters() if parameter.is_floating_point()]
-    if parameters and not any(p.device.type == "cpu" and p.dtype in mode.dtypes for p in parameters):
+    dtypes = mode.dtypes()
+    if parameters and not any(p.device.type == "cpu" and p.dtype in dtypes for p in parameters):
         kinds = sorted({f"{p.dtype} on {p.device.type}" for p in parameters})
-        runs = ", ".join(str(dtype) for dtype in mode.dtypes)
+        runs = ", ".join(str(dtype) for dtype in dtypes)
         return f"mode {mode.name!r} runs {runs} on the CPU, and the model's parameters are {', '.join(kinds)}"
     return None
 
@@ -257,24 +258,30 @@ def _compile(model: nn.Module, kernels: str) -> None:
     compile_forward(model)
 
 
-FP32 = (torch.float32,)
+def _fp32() -> tuple[torch.dtype, ...]:
+    return (torch.float32,)
+
+
+def _packed_dtypes() -> tuple[torch.dtype, ...]:
+    # bf16 where the CPU computes it natively (elsewhere oneDNN would emulate it slowly: `packing_supported`).
+    return (torch.float32,) + ((torch.bfloat16,) if packing_supported(torch.bfloat16) else ())
+
+
 # The modes: (quantize, precision, compile) -> what `optimize_for_inference` does.
 MODES: dict[tuple, Mode] = {
-    (None, "highest", False): Mode(
-        "fp32", (_swap_packed_linears,), packing_supported, "oneDNN on x86", (torch.float32, torch.bfloat16)
-    ),
+    (None, "highest", False): Mode("fp32", (_swap_packed_linears,), packing_supported, "oneDNN on x86", _packed_dtypes),
     (None, "high", False): Mode(
-        "fp32 high", (_swap_fused_blocks, _swap_packed_linears), packing_supported, "oneDNN on x86", FP32
+        "fp32 high", (_swap_fused_blocks, _swap_packed_linears), packing_supported, "oneDNN on x86", _fp32
     ),
     ("int8", "highest", False): Mode(
-        "int8", (_swap_int8_attention, _swap_int8_linears), int8_available, "oneDNN's int8 kernel (x86, AVX2)", FP32
+        "int8", (_swap_int8_attention, _swap_int8_linears), int8_available, "oneDNN's int8 kernel (x86, AVX2)", _fp32
     ),
     ("int8", "highest", True): Mode(
         "int8 compiled",
         (_swap_int8_attention, _swap_int8_linears, _compile),
         int8_available,
         "oneDNN's int8 kernel (x86, AVX2)",
-        FP32,
+        _fp32,
     ),
 }
 
