@@ -164,9 +164,11 @@ class CompiledForward:
         stale = [module for module in swapped if module.is_stale]
         if key == self._parameters_key and not stale:
             return swapped
+        # Forms dropped by `train()` are built again from the same values: the graph compiled from them stays valid.
+        changed = key != self._parameters_key or any(module._stale for module in stale)
         for module in stale:
             module.rebuild()
-        if self._parameters_key is not None:
+        if changed and self._parameters_key is not None:
             self._generation += 1
         self._parameters_key = key
         return swapped
