@@ -110,6 +110,7 @@ def test_lora_adapters_on_the_projections_are_computed(mode, when):
         plain = peft.get_peft_model(copy.deepcopy(without), config)
         plain.load_state_dict(model.state_dict())
         expected = outputs(plain)
+        assert not any(name.endswith("attention.self") for name in packed_layers(model))
     effect = relative_rms(outputs(without), expected)
     assert relative_rms(outputs(model), expected) < bound < effect
 

@@ -315,11 +315,11 @@ def restore_weights(model: nn.Module) -> nn.Module:
 def packed_layers(model: nn.Module) -> dict[str, str]:
     """Name -> "packed", "int8" or "fused" for every layer or block that `optimize_for_inference` swapped and that
     runs its kernel on its current weights here, at some row counts at least (a model moved to float64 runs the
-    plain computation everywhere: none)."""
+    plain computation everywhere: none; nor does a block whose projections PEFT wrapped since)."""
     return {
         name: module.kernel.name
         for name, module in model.named_modules()
-        if isinstance(module, Swapped) and module.can_build()
+        if isinstance(module, Swapped) and module.runs_kernel()
     }
 
 

@@ -127,6 +127,11 @@ class Swapped:
             for parameter in parameters
         ) and all(self.kernel.supports(parameter) for parameter in parameters if parameter.dim() == 2)
 
+    def runs_kernel(self) -> bool:
+        """Whether some inference calls run the kernel on the current parameters (the modules it computes are still
+        plain `nn.Linear` layers, and it can build their form here)."""
+        return all(type(module) is nn.Linear for module in self.inner_modules()) and self.can_build()
+
     # -- the gate -----------------------------------------------------------------------------------------------
     def kernel_way(self, input: Tensor) -> int:
         """Which computation this call runs: 0 (the plain one) unless every rule lets a kernel run (module
