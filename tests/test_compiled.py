@@ -214,3 +214,27 @@ def test_a_users_torch_compile_of_a_compiled_model_traces_the_plain_computation(
         expected = reference(**inputs).last_hidden_state
     assert (output - expected).abs().max() <= 1e-4
     assert compile_report(model) == {}
+
+
+@pytest.mark.slow  # one compilation of a small model
+@int8
+@compiler
+def test_a_compiled_and_an_eager_model_side_by_side():
+    """The flag that has torch.compile trace the int8 kernels belongs to the model being compiled, for its own calls:
+    an eager int8 model of the same weights, called and compiled by the user between the compiled model's calls,
+    computes its own way (the user's compile traces the plain fp32 computation, as for every optimized model)."""
+    compiled, reference = small_pair(seed=3)
+    eager = copy.deepcopy(compiled)
+    hfbert.optimize_for_inference(compiled, quantize="int8", compile=True)
+    hfbert.optimize_for_inference(eager, quantize="int8")
+    inputs = dict(input_ids=torch.randint(1000, 20000, (1, 16)))
+    with torch.no_grad():
+        first = compiled(**inputs).last_hidden_state
+        eager_output = eager(**inputs).last_hidden_state
+        users = torch.compile(eager, backend="aot_eager")(**inputs).last_hidden_state
+        second = compiled(**inputs).last_hidden_state
+        expected = reference(**inputs).last_hidden_state
+    assert compile_report(compiled) and not is_compiled(eager) and torch.equal(first, second)
+    assert (users - expected).abs().max() <= 1e-4  # fp32, not int8
+    assert relative_rms(eager_output, expected) < 0.05 and relative_rms(first, expected) < 0.05
+    assert not any(module.__dict__.get("_trace_kernels") for model in (compiled, eager) for module in model.modules())

@@ -110,6 +110,7 @@ def test_lora_adapters_on_the_projections_are_computed(mode, when):
         plain = peft.get_peft_model(copy.deepcopy(without), config)
         plain.load_state_dict(model.state_dict())
         expected = outputs(plain)
+        assert not any(name.endswith("attention.self") for name in packed_layers(model))
     effect = relative_rms(outputs(without), expected)
     assert relative_rms(outputs(model), expected) < bound < effect
 
@@ -156,3 +157,34 @@ def test_hooks_added_after_compiling_run():
         network.encoder.layer[-1].register_forward_hook(zero)
     hooked = outputs(model)
     assert len(calls) == 1 and torch.equal(hooked, outputs(plain)) and not hooked.any()
+
+
+@int8
+def test_a_failure_while_swapping_changes_nothing():
+    """A weight int8 cannot represent (NaN), found while the int8 layers are built: the ValueError leaves the model
+    as it was, its packed layers in place (the same objects), still in training mode, its mode record unchanged."""
+    model = hfbert.optimize_for_inference(small_model(shape=WIDE), kernels="always").train()
+    before = {name: module for name, module in model.named_modules()}
+    applied = hfbert.inference.inference_mode_of(model)
+    with torch.no_grad():
+        model.pooler.dense.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        hfbert.optimize_for_inference(model, quantize="int8")
+    assert dict(model.named_modules()) == before and all(module.training for module in model.modules())
+    assert hfbert.inference.inference_mode_of(model) == applied and set(packed_layers(model).values()) == {"packed"}
+
+
+@int8
+def test_the_applied_mode_is_recorded_and_a_mode_that_cannot_run_warns():
+    model = small_model()
+    assert hfbert.inference.inference_mode_of(model) is None
+    hfbert.optimize_for_inference(model, quantize="int8")
+    applied = hfbert.inference.inference_mode_of(model)
+    assert (applied.mode, applied.unavailable) == ("int8", None) and applied.swapped == len(packed_layers(model)) > 0
+    hfbert.restore_weights(model)
+    assert hfbert.inference.inference_mode_of(model) is None
+    model.double()
+    with pytest.warns(UserWarning, match="mode 'int8' runs torch.float32 on the CPU.*torch.float64"):
+        hfbert.optimize_for_inference(model, quantize="int8")
+    applied = hfbert.inference.inference_mode_of(model)
+    assert applied.swapped == 0 and "float64" in applied.unavailable and "float64" in str(applied)

@@ -21,11 +21,17 @@ BATCH_BUCKETS x SEQUENCE_BUCKETS (pad tokens, masked out), and its outputs are c
 positions zero as in the eager padding-free path. Calls whose padding would take more than a quarter of the
 padded shape run the eager int8 model instead: there the eager padding-free path, which computes real tokens only,
 is faster than any padded computation; so do calls the compiled graph does not cover (training, gradients,
-autocast, `output_attentions`, `inputs_embeds`, a device other than the CPU).
+autocast, `output_attentions`, `inputs_embeds`, a device other than the CPU, a forward hook on any module inside,
+added before or after compiling: it runs, and sees its module's own call).
 
-The weights are folded into the compiled graph: when any parameter changes (an optimizer step, `load_state_dict`),
-the next call builds the int8 forms again and compiles anew. `compile_report(model)` lists the shapes compiled so
-far and the seconds each took.
+The compiled function is the model's own forward, called with the padded tensors and the call's other arguments;
+this file pads and cuts, nothing more. While it traces, the flag that lets the int8 modules trace their kernels
+(`swapped.Swapped.kernel_way`) is set on this model's modules, for this call only: a user's torch.compile of this
+or of any other model traces the plain computation.
+
+The weights are folded into the compiled graph: when any parameter changes (an optimizer step, `load_state_dict`,
+`hfbert.inference.refresh(model)` after `.data` writes), the next call builds the int8 forms again and compiles
+anew. `compile_report(model)` lists the shapes compiled so far and the seconds each took.
 """
 
 from __future__ import annotations
@@ -158,9 +164,11 @@ class CompiledForward:
         stale = [module for module in swapped if module.is_stale]
         if key == self._parameters_key and not stale:
             return swapped
+        # Forms dropped by `train()` are built again from the same values: the graph compiled from them stays valid.
+        changed = key != self._parameters_key or any(module._stale for module in stale)
         for module in stale:
             module.rebuild()
-        if self._parameters_key is not None:
+        if changed and self._parameters_key is not None:
             self._generation += 1
         self._parameters_key = key
         return swapped

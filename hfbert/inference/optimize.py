@@ -88,7 +88,7 @@ class Mode:
     steps: tuple[Callable[[nn.Module, str], None], ...]  # (model, kernels) -> swaps or compiles, in place
     available: Callable[[], bool]  # whether this torch build and CPU run its kernels
     needs: str  # what `available` checks, for the warning where it is False
-    dtypes: tuple[torch.dtype, ...]  # the parameter dtypes its kernels run
+    dtypes: Callable[[], tuple[torch.dtype, ...]]  # the parameter dtypes its kernels run here
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,10 @@ def optimize_for_inference(
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
     stays plain and the call warns; `inference_mode_of(model)` says what was applied."""
     mode = MODES[_mode_key(quantize, precision, kernels, compile)]
+    if compile:
+        compile_target(model)  # a model the compiled path runs, before anything changes
     unavailable = _unavailable(mode, model)
-    if compile and unavailable is None:  # everything the compiled path needs, before anything changes
-        compile_target(model)
+    if compile and unavailable is None:
         check_compiler()
     with _AllOrNothing(model):
         restore_weights(model)
@@ -173,9 +174,10 @@ def _unavailable(mode: Mode, model: nn.Module) -> str | None:
     if not mode.available():
         return f"mode {mode.name!r} needs {mode.needs}, which this torch build or CPU lacks"
     parameters = [parameter for parameter in model.parameters() if parameter.is_floating_point()]
-    if parameters and not any(p.device.type == "cpu" and p.dtype in mode.dtypes for p in parameters):
+    dtypes = mode.dtypes()
+    if parameters and not any(p.device.type == "cpu" and p.dtype in dtypes for p in parameters):
         kinds = sorted({f"{p.dtype} on {p.device.type}" for p in parameters})
-        runs = ", ".join(str(dtype) for dtype in mode.dtypes)
+        runs = ", ".join(str(dtype) for dtype in dtypes)
         return f"mode {mode.name!r} runs {runs} on the CPU, and the model's parameters are {', '.join(kinds)}"
     return None
 
@@ -191,6 +193,7 @@ class _AllOrNothing:
         self.children = [(module, dict(module._modules)) for module in self.model.modules()]
         self.training = [(module, module.training) for module in self.model.modules()]
         self.forwards = [(module, module.__dict__.get("forward")) for module in self.model.modules()]
+        self.applied = inference_mode_of(self.model)
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:
@@ -204,6 +207,8 @@ class _AllOrNothing:
             module.__dict__.pop("forward", None)
             if forward is not None:
                 module.__dict__["forward"] = forward
+        if self.applied is not None:
+            self.model.__dict__["_hfbert_inference_mode"] = self.applied
 
 
 def _choice(kernels: str, key: tuple, candidates: list[Candidate]) -> tuple[int, ...]:
@@ -253,24 +258,30 @@ def _compile(model: nn.Module, kernels: str) -> None:
     compile_forward(model)
 
 
-FP32 = (torch.float32,)
+def _fp32() -> tuple[torch.dtype, ...]:
+    return (torch.float32,)
+
+
+def _packed_dtypes() -> tuple[torch.dtype, ...]:
+    # bf16 where the CPU computes it natively (elsewhere oneDNN would emulate it slowly: `packing_supported`).
+    return (torch.float32,) + ((torch.bfloat16,) if packing_supported(torch.bfloat16) else ())
+
+
 # The modes: (quantize, precision, compile) -> what `optimize_for_inference` does.
 MODES: dict[tuple, Mode] = {
-    (None, "highest", False): Mode(
-        "fp32", (_swap_packed_linears,), packing_supported, "oneDNN on x86", (torch.float32, torch.bfloat16)
-    ),
+    (None, "highest", False): Mode("fp32", (_swap_packed_linears,), packing_supported, "oneDNN on x86", _packed_dtypes),
     (None, "high", False): Mode(
-        "fp32 high", (_swap_fused_blocks, _swap_packed_linears), packing_supported, "oneDNN on x86", FP32
+        "fp32 high", (_swap_fused_blocks, _swap_packed_linears), packing_supported, "oneDNN on x86", _fp32
     ),
     ("int8", "highest", False): Mode(
-        "int8", (_swap_int8_attention, _swap_int8_linears), int8_available, "oneDNN's int8 kernel (x86, AVX2)", FP32
+        "int8", (_swap_int8_attention, _swap_int8_linears), int8_available, "oneDNN's int8 kernel (x86, AVX2)", _fp32
     ),
     ("int8", "highest", True): Mode(
         "int8 compiled",
         (_swap_int8_attention, _swap_int8_linears, _compile),
         int8_available,
         "oneDNN's int8 kernel (x86, AVX2)",
-        FP32,
+        _fp32,
     ),
 }
 
@@ -304,11 +315,11 @@ def restore_weights(model: nn.Module) -> nn.Module:
 def packed_layers(model: nn.Module) -> dict[str, str]:
     """Name -> "packed", "int8" or "fused" for every layer or block that `optimize_for_inference` swapped and that
     runs its kernel on its current weights here, at some row counts at least (a model moved to float64 runs the
-    plain computation everywhere: none)."""
+    plain computation everywhere: none; nor does a block whose projections PEFT wrapped since)."""
     return {
         name: module.kernel.name
         for name, module in model.named_modules()
-        if isinstance(module, Swapped) and module.can_build()
+        if isinstance(module, Swapped) and module.runs_kernel()
     }
 
 

@@ -127,13 +127,19 @@ class Swapped:
             for parameter in parameters
         ) and all(self.kernel.supports(parameter) for parameter in parameters if parameter.dim() == 2)
 
+    def runs_kernel(self) -> bool:
+        """Whether some inference calls run the kernel on the current parameters (the modules it computes are still
+        plain `nn.Linear` layers, and it can build their form here)."""
+        return all(type(module) is nn.Linear for module in self.inner_modules()) and self.can_build()
+
     # -- the gate -----------------------------------------------------------------------------------------------
     def kernel_way(self, input: Tensor) -> int:
         """Which computation this call runs: 0 (the plain one) unless every rule lets a kernel run (module
         docstring); else the way measured fastest for its rows."""
         if self.training and self.differs_in_training:
             return 0
-        if type(input) is not Tensor or input.device.type != "cpu" or not self.kernel.accepts(input, self._weight()):
+        parameters = self.form_parameters()  # the weight first
+        if type(input) is not Tensor or input.device.type != "cpu" or not self.kernel.accepts(input, parameters[0]):
             return 0
         inner = self.inner_modules()
         if inner and (any(type(module) is not nn.Linear for module in inner) or hooked(inner)):
@@ -141,13 +147,10 @@ class Swapped:
         if torch.compiler.is_compiling():
             if not self._trace_kernels:  # a user's torch.compile traces the plain computation
                 return 0
-        elif not plain_call(input, self.form_parameters()):
+        elif not plain_call(input, parameters):
             return 0
         way = self._choice[bucket(input.numel() // input.shape[-1])]
         return way if way and self._ready() else 0
-
-    def _weight(self) -> Tensor:
-        return next(parameter for parameter in self.form_parameters() if parameter is not None)
 
     # -- the form -----------------------------------------------------------------------------------------------
     def rebuild(self) -> bool:
