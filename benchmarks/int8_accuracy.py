@@ -33,6 +33,7 @@ from benchmarks.peers import (
     real_texts,
 )
 from hfbert.inference import int8
+from hfbert.inference.fused import FusedSelfAttention
 from hfbert.modeling.cpu import cpu_name, instruction_set
 from hfbert.tools.parity import default_texts
 
@@ -52,7 +53,7 @@ def embeddings(run: Run, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor
     return torch.cat(pooled).double()
 
 
-def per_tensor_product(layer: int8.Int8Linear | int8.Int8SelfAttention, input: torch.Tensor) -> torch.Tensor:
+def per_tensor_product(layer: int8.Int8Linear | FusedSelfAttention, input: torch.Tensor) -> torch.Tensor:
     """The int8 product with one scale and zero point for the whole activation (ONNX Runtime's
     DynamicQuantizeLinear): oneDNN applies them, the weight scales and the bias itself."""
     weight = layer._form
@@ -72,7 +73,7 @@ def hfbert_int8(directory: Path, per_tensor: bool = False) -> Run:
     model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory), quantize="int8")
     if per_tensor:
         for module in model.modules():
-            if isinstance(module, int8.Int8SelfAttention):
+            if isinstance(module, FusedSelfAttention) and module.kernel is int8.INT8:
                 module.project = lambda rows, module=module: per_tensor_product(module, rows)
             elif isinstance(module, int8.Int8Linear):
                 module.run = lambda input, module=module: per_tensor_product(module, input)
