@@ -59,7 +59,7 @@ def load_pretrained(
     if config is None:
         config = config_class.from_json_file(directory / CONFIG_FILE)
     else:  # a copy, as transformers makes: the caller's object is never changed by the load
-        config = config_class.from_dict(config_values(config), source=f"{directory / CONFIG_FILE} (config=)")
+        config = config_class.from_object(config, source=f"{directory / CONFIG_FILE} (config=)")
     config_fields = {field.name for field in dataclasses.fields(config_class)}
     overrides = {key: value for key, value in kwargs.items() if key in config_fields}
     if overrides:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from converters.dtypes import as_dtype
-from converters.loading import check_requested_dtype, config_values
+from converters.loading import check_requested_dtype
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.cpu import warn_if_emulated_bfloat16
@@ -54,7 +54,7 @@ class BertPreTrainedModel(nn.Module):
         """
         super().__init__()
         if config is not None:
-            self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config_values(config))
+            self.config = config if isinstance(config, BertConfig) else BertConfig.from_object(config)
 
     def post_init(self) -> None:
         """transformers' last constructor step: initialise the parameters of every module not initialised yet
