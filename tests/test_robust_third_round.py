@@ -139,12 +139,12 @@ def test_a_lone_surrogate_in_a_text_is_named_by_its_place_in_the_input(minilm_em
     from support.robust import assert_one_line, run
 
     texts = ["a", "a much longer text than the others", "b", "x\udc80", "c"]
-    with pytest.raises(ValueError, match=r"^text 3: the text is not valid Unicode"):
+    with pytest.raises(ValueError, match=r"^text 3 is not valid Unicode: '\\udc80' at position 1"):
         minilm_embedder.embed(texts)
-    with pytest.raises(ValueError, match=r"^text 3 \(counting from 0, in input order\)"):
+    with pytest.raises(ValueError, match=r"^text 3 is not valid Unicode"):
         embed_file(minilm_embedder, iter(texts), tmp_path / "e.npy", chunk_size=2, progress=False)
     code, stderr = run(capsys, "embed", minilm_directory(), *texts)
-    assert_one_line(code, stderr, "text 3 ")
+    assert_one_line(code, stderr, "text 3 is not valid Unicode")
 
 
 def test_one_reader_of_text_files(tmp_path):
@@ -410,3 +410,50 @@ def test_num_labels_set_on_a_config_makes_labels_as_transformers(tmp_path):
     model.config.num_labels = 3  # as run_glue does before building a head: config.json must say 3 labels
     model.config.save_pretrained(tmp_path)
     assert hfbert.BertConfig.from_pretrained(tmp_path).num_labels == 3
+
+
+# -- 8. a config that maps the model to custom code ---------------------------------------------------------------
+
+JINA_AUTO_MAP = {
+    "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+    "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel",
+    "AutoModelForMaskedLM": "jinaai/jina-bert-implementation--modeling_bert.JinaBertForMaskedLM",
+}
+
+
+@pytest.fixture
+def custom_code_checkpoint(tmp_path) -> Path:
+    directory = write_random_transformers_checkpoint(tmp_path / "custom", **SMALL_CONFIG)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "auto_map": JINA_AUTO_MAP}))
+    return directory
+
+
+def test_a_config_with_auto_map_is_refused_naming_the_custom_class(custom_code_checkpoint):
+    with pytest.raises(hfbert.CheckpointError, match=r"'auto_map' maps AutoModel to custom code .*JinaBertModel"):
+        hfbert.BertModel.from_pretrained(custom_code_checkpoint)
+    with pytest.raises(hfbert.CheckpointError, match=r"maps AutoModelForMaskedLM .*JinaBertForMaskedLM"):
+        hfbert.BertForMaskedLM.from_pretrained(custom_code_checkpoint, strict=False)
+    with pytest.raises(hfbert.CheckpointError, match=r"maps AutoModel .*ignore_auto_map=True"):
+        hfbert.BertForSequenceClassification.from_pretrained(custom_code_checkpoint, num_labels=2)
+    # Known to be plain BERT: the explicit opt-out loads it as any checkpoint.
+    model, info = hfbert.BertModel.from_pretrained(
+        custom_code_checkpoint, ignore_auto_map=True, output_loading_info=True
+    )
+    assert not info["report"].problems
+    # A tokenizer's custom code alone says nothing about the model.
+    config = json.loads((custom_code_checkpoint / "config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["my_tokenizer.MyTokenizer", None]}
+    (custom_code_checkpoint / "config.json").write_text(json.dumps(config))
+    hfbert.BertModel.from_pretrained(custom_code_checkpoint)
+
+
+def test_the_cli_refuses_auto_map_and_takes_the_opt_out(custom_code_checkpoint, capsys):
+    from support.robust import assert_one_line, run
+
+    (custom_code_checkpoint / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
+    capsys.readouterr()
+    code, stderr = run(capsys, "embed", custom_code_checkpoint, "hello world")
+    assert_one_line(code, stderr, "auto_map", "JinaBertModel", "--ignore-auto-map")
+    code, stderr = run(capsys, "embed", custom_code_checkpoint, "hello world", "--ignore-auto-map")
+    assert code == 0, stderr
