@@ -233,10 +233,14 @@ def test_legacy_pooling_flags_are_read_by_truthiness(backbone, tmp_path):
     assert compare_with_sentence_transformers(directory) <= 1e-5
 
 
-def test_do_lower_case_lowercases_after_special_tokens_are_split_off(backbone, tmp_path):
+@pytest.mark.parametrize(("do_lower_case", "include_prompt"), [(True, True), (1, 0)])
+def test_do_lower_case_lowercases_after_special_tokens_are_split_off(backbone, tmp_path, do_lower_case, include_prompt):
     directory = save_sentence_transformer(backbone, tmp_path / "st", prompt="Query [MASK]: ")
     config = json.loads((directory / "sentence_bert_config.json").read_text())
-    (directory / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": do_lower_case}))
+    pooling = next(directory.glob("*_Pooling")) / "config.json"
+    pooling_config = json.loads(pooling.read_text())
+    pooling.write_text(json.dumps({**pooling_config, "include_prompt": include_prompt}))  # 0: left out, by truthiness
     assert compare_with_sentence_transformers(directory, [*ST_TEXTS, "ÀÉÎ [MASK] Õü [CLS]"]) <= 1e-5
 
 
