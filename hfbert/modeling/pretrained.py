@@ -294,7 +294,9 @@ class BertPreTrainedModel(nn.Module):
         them as mismatched and reinitialised. `config` (a `BertConfig`, or transformers' own) is used instead of
         config.json, as in transformers (`run_glue.py` re-heads a model this way). Keyword arguments that name
         config fields override the config (`num_labels=3`); `model_args` and other keywords go to the constructor
-        (`add_pooling_layer=False`). `torch_dtype` is transformers' older name for `dtype`.
+        (`add_pooling_layer=False`). `torch_dtype` is transformers' older name for `dtype`. A config.json whose
+        `auto_map` sends the model to custom code is refused (hfbert runs no checkpoint code);
+        `ignore_auto_map=True` loads it as plain BERT when you know its weights are.
         `output_loading_info=True` returns `(model, info)` with transformers' keys plus `info["report"]`.
 
             >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
