@@ -301,7 +301,10 @@ def test_a_dense_activation_is_looked_up_in_a_fixed_table_never_imported(backbon
     assert not {module for module in set(sys.modules) - imported if module.startswith("torch.utils.model_dump")}
 
 
-@pytest.mark.parametrize("relative", ["sentence_bert_config.json", "modules.json", "POOLING/config.json"])
+@pytest.mark.parametrize(
+    "relative",
+    ["sentence_bert_config.json", "modules.json", "POOLING/config.json", "config_sentence_transformers.json"],
+)
 def test_deeply_nested_pipeline_json_names_the_file(backbone, tmp_path, capsys, relative):
     from support.robust import assert_one_line, run
 
