@@ -47,19 +47,24 @@ def load_pretrained(
     output_loading_info: bool = False,
     config: Any = None,
     model_args: tuple[Any, ...] = (),
+    ignore_auto_map: bool = False,
     **kwargs: Any,
 ) -> nn.Module | tuple[nn.Module, dict[str, Any]]:
     """See `BertPreTrainedModel.from_pretrained`. `config` (a config object) replaces config.json, as in
     transformers; `kwargs` that name config fields override it (e.g. `num_labels=3`); `model_args` and the other
     kwargs go to the model's constructor (e.g. `add_pooling_layer=False`). The attention implementation is set on
-    the config (`config._attn_implementation`), where every model reads it, not passed to the constructor."""
+    the config (`config._attn_implementation`), where every model reads it, not passed to the constructor.
+    A config whose `auto_map` sends the model to custom code is refused (`check_auto_map`) unless
+    `ignore_auto_map=True` says the weights are plain BERT."""
     config_class = model_class.config_class
     check_requested_dtype(dtype)
     directory = resolve_checkpoint(path_or_repo_id, revision)
     if config is None:
         config = config_class.from_json_file(directory / CONFIG_FILE)
     else:  # a copy, as transformers makes: the caller's object is never changed by the load
-        config = config_class.from_dict(config_values(config), source=f"{directory / CONFIG_FILE} (config=)")
+        config = config_class.from_object(config, source=f"{directory / CONFIG_FILE} (config=)")
+    if not ignore_auto_map:
+        check_auto_map(config.to_dict().get("auto_map"), config.source or str(directory / CONFIG_FILE), model_class)
     config_fields = {field.name for field in dataclasses.fields(config_class)}
     overrides = {key: value for key, value in kwargs.items() if key in config_fields}
     if overrides:
@@ -294,6 +299,41 @@ def check_initialised_size(
         f"fp32) that the checkpoint does not hold (the largest: {largest} of shape {shapes[largest]}); a load may "
         f"initialise at most {NEW_PARAMETER_ALLOWANCE:,} values beyond the {stored:,} stored. Check its sizes "
         f"(num_labels, hidden_size, vocab_size, ...)."
+    )
+
+
+# transformers' Auto class for each model class: the auto_map entry that would build it.
+_AUTO_CLASSES = {
+    "BertModel": "AutoModel",
+    "BertForMaskedLM": "AutoModelForMaskedLM",
+    "BertForPreTraining": "AutoModelForPreTraining",
+    "BertForNextSentencePrediction": "AutoModelForNextSentencePrediction",
+    "BertForSequenceClassification": "AutoModelForSequenceClassification",
+    "BertForTokenClassification": "AutoModelForTokenClassification",
+    "BertForQuestionAnswering": "AutoModelForQuestionAnswering",
+    "BertForMultipleChoice": "AutoModelForMultipleChoice",
+}
+
+
+def check_auto_map(auto_map: Any, source: str, model_class: type | None = None) -> None:
+    """CheckpointError when config.json's `auto_map` sends a model or its config to custom code (as
+    jina-embeddings-v2 does, under `model_type: "bert"`): that code, not BERT, defines what the checkpoint computes,
+    even where its tensor names match BERT's, and hfbert runs no code from a checkpoint. The error names the
+    entry for `model_class` (else AutoModel, else AutoConfig, else the first) and the class it points to. Entries
+    for tokenizers and processors only are no concern of the model."""
+    if auto_map is None:
+        return
+    entries = auto_map if isinstance(auto_map, dict) else {"auto_map": auto_map}
+    model_entries = [key for key in entries if not str(key).startswith(("AutoTokenizer", "AutoProcessor"))]
+    if not model_entries:
+        return
+    wanted = _AUTO_CLASSES.get(getattr(model_class, "__name__", ""), "AutoModel")
+    key = next((name for name in (wanted, "AutoModel", "AutoConfig") if name in model_entries), model_entries[0])
+    raise CheckpointError(
+        f"{source}: field 'auto_map' maps {key} to custom code ({entries[key]!r}): this checkpoint defines its model "
+        f"in its own code, which hfbert does not run, so it may compute something other than BERT even where its "
+        f"tensors match. If you know its weights are plain BERT, load it with ignore_auto_map=True (hfbert CLI: "
+        f"--ignore-auto-map)"
     )
 
 

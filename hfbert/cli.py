@@ -198,6 +198,7 @@ def embed_command(arguments: argparse.Namespace) -> None:
         quantize=arguments.quantize,
         prompt=arguments.prompt,
         prompt_name=arguments.prompt_name,
+        ignore_auto_map=arguments.ignore_auto_map,
     )
     if arguments.file:
         texts, total = read_texts(arguments.file), count_lines(arguments.file)
@@ -219,7 +220,11 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
 
     directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
     model, info = BertForMaskedLM.from_pretrained(
-        directory, device=arguments.device, dtype=arguments.dtype, output_loading_info=True
+        directory,
+        device=arguments.device,
+        dtype=arguments.dtype,
+        output_loading_info=True,
+        ignore_auto_map=arguments.ignore_auto_map,
     )
     if info["report"].new_head:
         raise ValueError(f"{arguments.model}: the checkpoint has no masked-LM head (no cls.predictions.* tensors)")
@@ -324,6 +329,15 @@ def _model_options(parser: argparse.ArgumentParser, *, revision: bool = True) ->
 def _device_options(parser: argparse.ArgumentParser, dtype_default: str | None, dtype_help: str) -> None:
     parser.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), default=dtype_default, help=dtype_help)
+
+
+def _auto_map_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ignore-auto-map",
+        action="store_true",
+        help="load a checkpoint whose config.json maps the model to custom code (auto_map) as plain BERT, when you "
+        "know its weights are (default: refused)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -526,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument(
         "--quantize", choices=list(QUANTIZATIONS), help="int8 weights and activations on CPU (faster, lossy)"
     )
+    _auto_map_option(embed)
     _model_options(embed)
     embed.set_defaults(run=embed_command, parser=embed)
 
@@ -543,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _device_options(fill_mask, None, "dtype of the model (default: as stored)")
     fill_mask.add_argument("--json", action="store_true", help="print the predictions as one JSON list")
+    _auto_map_option(fill_mask)
     _model_options(fill_mask)
     fill_mask.set_defaults(run=fill_mask_command, parser=fill_mask)
     return parser

@@ -139,12 +139,12 @@ def test_a_lone_surrogate_in_a_text_is_named_by_its_place_in_the_input(minilm_em
     from support.robust import assert_one_line, run
 
     texts = ["a", "a much longer text than the others", "b", "x\udc80", "c"]
-    with pytest.raises(ValueError, match=r"^text 3: the text is not valid Unicode"):
+    with pytest.raises(ValueError, match=r"^text 3 is not valid Unicode: '\\udc80' at position 1"):
         minilm_embedder.embed(texts)
-    with pytest.raises(ValueError, match=r"^text 3 \(counting from 0, in input order\)"):
+    with pytest.raises(ValueError, match=r"^text 3 is not valid Unicode"):
         embed_file(minilm_embedder, iter(texts), tmp_path / "e.npy", chunk_size=2, progress=False)
     code, stderr = run(capsys, "embed", minilm_directory(), *texts)
-    assert_one_line(code, stderr, "text 3 ")
+    assert_one_line(code, stderr, "text 3 is not valid Unicode")
 
 
 def test_one_reader_of_text_files(tmp_path):
@@ -233,10 +233,14 @@ def test_legacy_pooling_flags_are_read_by_truthiness(backbone, tmp_path):
     assert compare_with_sentence_transformers(directory) <= 1e-5
 
 
-def test_do_lower_case_lowercases_after_special_tokens_are_split_off(backbone, tmp_path):
+@pytest.mark.parametrize(("do_lower_case", "include_prompt"), [(True, True), (1, 0)])
+def test_do_lower_case_lowercases_after_special_tokens_are_split_off(backbone, tmp_path, do_lower_case, include_prompt):
     directory = save_sentence_transformer(backbone, tmp_path / "st", prompt="Query [MASK]: ")
     config = json.loads((directory / "sentence_bert_config.json").read_text())
-    (directory / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": do_lower_case}))
+    pooling = next(directory.glob("*_Pooling")) / "config.json"
+    pooling_config = json.loads(pooling.read_text())
+    pooling.write_text(json.dumps({**pooling_config, "include_prompt": include_prompt}))  # 0: left out, by truthiness
     assert compare_with_sentence_transformers(directory, [*ST_TEXTS, "ÀÉÎ [MASK] Õü [CLS]"]) <= 1e-5
 
 
@@ -297,7 +301,10 @@ def test_a_dense_activation_is_looked_up_in_a_fixed_table_never_imported(backbon
     assert not {module for module in set(sys.modules) - imported if module.startswith("torch.utils.model_dump")}
 
 
-@pytest.mark.parametrize("relative", ["sentence_bert_config.json", "modules.json", "POOLING/config.json"])
+@pytest.mark.parametrize(
+    "relative",
+    ["sentence_bert_config.json", "modules.json", "POOLING/config.json", "config_sentence_transformers.json"],
+)
 def test_deeply_nested_pipeline_json_names_the_file(backbone, tmp_path, capsys, relative):
     from support.robust import assert_one_line, run
 
@@ -359,3 +366,101 @@ def test_legacy_added_tokens_beside_a_tokenizer_json(tmp_path):
     ours = hfbert.BertTokenizer.from_pretrained(tmp_path)
     for text in ["hello [E1] world [E2]", "a newword [e1] Newword"]:
         assert ours(text)["input_ids"] == reference(text)["input_ids"], text
+
+
+# -- 7. problem_type single_label_classification with one label, as transformers runs it --------------------------
+
+HEAD_CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37)
+
+
+@pytest.mark.parametrize("config_of", ["transformers", "hfbert"])
+def test_problem_types_as_transformers_own_test_runs_them(config_of):
+    """transformers' test_problem_types: one config, problem_type then num_labels set on it, a model built from it,
+    the loss of labels of the given dtype. Both models share the weights; logits and loss must agree."""
+    import transformers
+
+    problems = [
+        ("multi_label_classification", 2, torch.float),
+        ("single_label_classification", 1, torch.long),
+        ("regression", 1, torch.float),
+    ]
+    theirs_config = transformers.BertConfig(**HEAD_CONFIG)
+    ours_config = hfbert.BertConfig(**HEAD_CONFIG) if config_of == "hfbert" else theirs_config
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    for problem, num_labels, dtype in problems:
+        for config in (theirs_config, ours_config):
+            config.problem_type, config.num_labels = problem, num_labels
+        torch.manual_seed(0)
+        theirs = transformers.BertForSequenceClassification(theirs_config).eval()
+        ours = hfbert.BertForSequenceClassification(ours_config).eval()
+        ours.load_state_dict(theirs.state_dict())
+        labels = torch.zeros(2, dtype=torch.long)
+        if problem == "multi_label_classification":
+            labels = labels.unsqueeze(1).repeat(1, num_labels)
+        labels = labels.to(dtype)
+        with torch.no_grad():
+            expected, got = theirs(input_ids=ids, labels=labels), ours(input_ids=ids, labels=labels)
+        assert torch.allclose(got.logits, expected.logits, atol=1e-6, rtol=0)
+        assert torch.allclose(got.loss, expected.loss, atol=1e-6, rtol=0), problem
+        assert ours.config.id2label == {index: f"LABEL_{index}" for index in range(num_labels)}
+        assert ours.config.num_labels == num_labels
+
+
+def test_num_labels_set_on_a_config_makes_labels_as_transformers(tmp_path):
+    import transformers
+
+    ours, theirs = hfbert.BertConfig(), transformers.BertConfig()
+    for count in (5, 5, 1, 3):
+        ours.num_labels = theirs.num_labels = count
+        assert ours.id2label == theirs.id2label and ours.label2id == theirs.label2id
+    model = hfbert.BertForSequenceClassification(hfbert.BertConfig(**HEAD_CONFIG))
+    model.config.num_labels = 3  # as run_glue does before building a head: config.json must say 3 labels
+    model.config.save_pretrained(tmp_path)
+    assert hfbert.BertConfig.from_pretrained(tmp_path).num_labels == 3
+
+
+# -- 8. a config that maps the model to custom code ---------------------------------------------------------------
+
+JINA_AUTO_MAP = {
+    "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+    "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel",
+    "AutoModelForMaskedLM": "jinaai/jina-bert-implementation--modeling_bert.JinaBertForMaskedLM",
+}
+
+
+@pytest.fixture
+def custom_code_checkpoint(tmp_path) -> Path:
+    directory = write_random_transformers_checkpoint(tmp_path / "custom", **SMALL_CONFIG)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "auto_map": JINA_AUTO_MAP}))
+    return directory
+
+
+def test_a_config_with_auto_map_is_refused_naming_the_custom_class(custom_code_checkpoint):
+    with pytest.raises(hfbert.CheckpointError, match=r"'auto_map' maps AutoModel to custom code .*JinaBertModel"):
+        hfbert.BertModel.from_pretrained(custom_code_checkpoint)
+    with pytest.raises(hfbert.CheckpointError, match=r"maps AutoModelForMaskedLM .*JinaBertForMaskedLM"):
+        hfbert.BertForMaskedLM.from_pretrained(custom_code_checkpoint, strict=False)
+    with pytest.raises(hfbert.CheckpointError, match=r"maps AutoModel .*ignore_auto_map=True"):
+        hfbert.BertForSequenceClassification.from_pretrained(custom_code_checkpoint, num_labels=2)
+    # Known to be plain BERT: the explicit opt-out loads it as any checkpoint.
+    model, info = hfbert.BertModel.from_pretrained(
+        custom_code_checkpoint, ignore_auto_map=True, output_loading_info=True
+    )
+    assert not info["report"].problems
+    # A tokenizer's custom code alone says nothing about the model.
+    config = json.loads((custom_code_checkpoint / "config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["my_tokenizer.MyTokenizer", None]}
+    (custom_code_checkpoint / "config.json").write_text(json.dumps(config))
+    hfbert.BertModel.from_pretrained(custom_code_checkpoint)
+
+
+def test_the_cli_refuses_auto_map_and_takes_the_opt_out(custom_code_checkpoint, capsys):
+    from support.robust import assert_one_line, run
+
+    (custom_code_checkpoint / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
+    capsys.readouterr()
+    code, stderr = run(capsys, "embed", custom_code_checkpoint, "hello world")
+    assert_one_line(code, stderr, "auto_map", "JinaBertModel", "--ignore-auto-map")
+    code, stderr = run(capsys, "embed", custom_code_checkpoint, "hello world", "--ignore-auto-map")
+    assert code == 0, stderr

@@ -115,6 +115,16 @@ class BertConfig:
             self.label2id = {name: index for index, name in self.id2label.items()}
         self.num_labels = len(self.id2label)
         self.validate()
+        object.__setattr__(self, "_constructed", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        # As transformers' `num_labels` setter: a new count after construction makes new labels (LABEL_0, ...), so
+        # config.json (which stores id2label, not num_labels) describes the head the model builds.
+        constructed = self.__dict__.get("_constructed", False)
+        if name == "num_labels" and constructed and _is_integer(value) and 0 < value != len(self.id2label or {}):
+            super().__setattr__("id2label", {index: f"LABEL_{index}" for index in range(value)})
+            super().__setattr__("label2id", {f"LABEL_{index}": index for index in range(value)})
 
     # -- validation -------------------------------------------------------------------------------------------
     def _fail(self, field_name: str, message: str) -> ConfigError:
@@ -215,6 +225,22 @@ class BertConfig:
         extra = {key: value for key, value in values.items() if key not in known}
         # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
         return cls(**typed, extra_fields=extra, source=source)
+
+    @classmethod
+    def from_object(cls, config: Any, *, source: str | None = None) -> BertConfig:
+        """A copy of a config object, hfbert's or transformers' (anything with `to_dict()`), as the model built
+        from it would see it. Its `problem_type` is taken as it is set: transformers refuses
+        'single_label_classification' with one label when a config is built or loaded, but runs a model whose
+        config was given it afterwards (its own test_problem_types does), with that loss."""
+        from converters.loading import config_values
+
+        values = config_values(config)
+        problem = values.get("problem_type")
+        copy = cls.from_dict({**values, "problem_type": None}, source=source)
+        if problem not in PROBLEM_TYPES:
+            raise copy._fail("problem_type", f"is {problem!r}; expected one of {PROBLEM_TYPES}")
+        copy.problem_type = problem
+        return copy
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> BertConfig:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from converters.dtypes import as_dtype
-from converters.loading import check_requested_dtype, config_values
+from converters.loading import check_requested_dtype
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.modeling.checkpointing import Checkpointing
 from hfbert.modeling.config import BertConfig
@@ -56,7 +56,7 @@ class BertPreTrainedModel(nn.Module):
         """
         super().__init__()
         if config is not None:
-            self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config_values(config))
+            self.config = config if isinstance(config, BertConfig) else BertConfig.from_object(config)
 
     def post_init(self) -> None:
         """transformers' last constructor step: initialise the parameters of every module not initialised yet
@@ -296,7 +296,9 @@ class BertPreTrainedModel(nn.Module):
         them as mismatched and reinitialised. `config` (a `BertConfig`, or transformers' own) is used instead of
         config.json, as in transformers (`run_glue.py` re-heads a model this way). Keyword arguments that name
         config fields override the config (`num_labels=3`); `model_args` and other keywords go to the constructor
-        (`add_pooling_layer=False`). `torch_dtype` is transformers' older name for `dtype`.
+        (`add_pooling_layer=False`). `torch_dtype` is transformers' older name for `dtype`. A config.json whose
+        `auto_map` sends the model to custom code is refused (hfbert runs no checkpoint code);
+        `ignore_auto_map=True` loads it as plain BERT when you know its weights are.
         `output_loading_info=True` returns `(model, info)` with transformers' keys plus `info["report"]`.
 
             >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP

@@ -65,7 +65,9 @@ class Embedder:
     """A checkpoint's encoder, tokenizer and sentence-transformers pipeline, turning lists of texts into
     (texts, dimension) float32 embeddings. `pooling`, `normalize`, `max_length`, `prompt` / `prompt_name`: None
     keeps the checkpoint's choice (see the module docstring). `revision`, `cache_dir`, `token`: for a Hub repo id.
-    `quantize="int8"`: int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`)."""
+    `quantize="int8"`: int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`).
+    `ignore_auto_map=True`: load a checkpoint whose config.json points to custom code as plain BERT (you know its
+    weights are)."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class Embedder:
         revision: str | None = None,
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
+        ignore_auto_map: bool = False,
     ) -> None:
         from converters.hub import resolve_checkpoint
         from hfbert.inference import optimize_for_inference
@@ -109,7 +112,11 @@ class Embedder:
         self.directory = directory
         self.tokenizer = BertTokenizer.from_pretrained(directory)
         self.model = BertModel.from_pretrained(
-            directory, device=device, dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype, add_pooling_layer=False
+            directory,
+            device=device,
+            dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype,
+            add_pooling_layer=False,
+            ignore_auto_map=ignore_auto_map,
         )
         # Inference only, so the weights are packed (fp32: the same numbers as unpacked, within hfbert's contract;
         # a no-op off x86 CPUs) or, when asked, quantized to int8.
@@ -456,7 +463,7 @@ def embed_file(
 
 def _checked(text: str, index: int) -> str:
     # A file's texts are checked by read_texts (file and line); texts given as a list are named by their place.
-    check_unicode(text, f"text {index} (counting from 0, in input order)")
+    check_unicode(text, f"text {index}")
     return text
 
 

@@ -82,7 +82,7 @@ def _hfbert_from_transformers(encoder: torch.nn.Module, attn_implementation: str
         attn_implementation = getattr(encoder.config, "_attn_implementation", None)
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             attn_implementation = DEFAULT_ATTENTION
-    config = BertConfig.from_dict(encoder.config.to_dict(), source=f"{type(encoder).__name__}.config")
+    config = BertConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
     with torch.device("meta"):  # no memory, no random init: the parameters are assigned below
         backbone = BertModel(
             config, add_pooling_layer=encoder.pooler is not None, attn_implementation=attn_implementation

@@ -74,19 +74,19 @@ def _jsonl_text(line: str, where: str) -> str:
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise ValueError(f'{where}: expected a JSON object with a string "text" field')
     text = record["text"]
-    check_unicode(text, where)
+    check_unicode(text, f"{where}: the text")
     return text
 
 
-def check_unicode(text: str, where: str) -> None:
-    """ValueError naming `where` when `text` cannot be encoded as UTF-8: a lone surrogate ("\\ud800" in JSON, or
-    command-line bytes that were not UTF-8), which no tokenizer takes."""
+def check_unicode(text: str, what: str) -> None:
+    """ValueError "WHAT is not valid Unicode: ..." when `text` cannot be encoded as UTF-8: a lone surrogate
+    ("\\ud800" in JSON, or command-line bytes that were not UTF-8), which no tokenizer takes."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise ValueError(
-            f"{where}: the text is not valid Unicode: {text[error.start]!r} at position {error.start} (a lone "
-            f"surrogate)"
+            f"{what} is not valid Unicode: {text[error.start]!r} at position {error.start} (a lone surrogate; was it "
+            f"decoded from bytes that are not UTF-8?)"
         ) from None
 
 
