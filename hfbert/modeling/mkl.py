@@ -153,3 +153,19 @@ def started_too_late() -> bool:
     """Whether hfbert wanted MKL's fast branch here but MKL had already run: what `optimize_for_inference` and the
     reports warn about."""
     return _reason is not None and _reason.startswith("MKL had already run")
+
+
+_warned = False
+
+
+def warn_if_too_late(stacklevel: int = 2) -> None:
+    """Warn once per process where hfbert wanted MKL's fast branch but MKL had already run (`started_too_late`),
+    naming the way out; `stacklevel` counts from the caller, as in `warnings.warn`. For `optimize_for_inference`
+    and the tools that time or compare models."""
+    global _warned
+    if _warned or not started_too_late():
+        return
+    import warnings
+
+    _warned = True
+    warnings.warn(f"MKL runs its slower default branch on this AMD CPU: {mkl_branch()}", RuntimeWarning, stacklevel + 1)
