@@ -121,7 +121,7 @@ def use_fast_branch() -> None:
             _reason = "set by hfbert: AMD CPU; whether MKL had already run is unknown"
             return
         try:
-            took = get(1) & ~STRICT == 2
+            took = get(1) & ~STRICT != 1  # MKL_CBWR_BRANCH_OFF: MKL had read its setting before
         finally:
             del os.environ[SETTING]
         _reason = "set by hfbert: AMD CPU" if took else _late()
