@@ -1,14 +1,15 @@
 """Does MKL's instruction-set branch (`MKL_CBWR=AUTO`) pay on this CPU? MKL's default branch against it, measured
 in processes that take turns.
 
-    python -m benchmarks.mkl_branch [--rounds 20] [--threads N] [--json OUT.json]   # about 3 minutes on 2 cores
+    python -m benchmarks.mkl_branch [--rounds 20] [--threads N] [--json OUT.json]   # about 4 minutes on 2 cores
 
 MKL reads its branch once per process (`hfbert/modeling/mkl.py`), so each setting is a worker process of its own:
 "default" (MKL_CBWR unset, `HFBERT_MKL_BRANCH=off`) and "AUTO" (MKL_CBWR=AUTO). The workers build the same
 random bert-base weights and inputs, then take turns, round after round, the order alternating: what the machine
 does meanwhile lands on both alike. Each turn times, in the worker:
 
-- products: bert-base's 12 layers of linear products (`F.linear`, MKL's sgemm) at 16, 128 and 1,024 rows;
+- products: bert-base's 12 layers of linear products (`F.linear`, MKL's sgemm) at 16, 128 and 1,024 rows, and
+  in float64 at 128 rows (MKL's dgemm: `hfbert parity`'s reference);
 - forward: hfbert's plain `BertModel` (random bert-base weights) at 1 x 16 tokens and 8 x 128.
 
 Prints the CPU, its instruction set and vendor, what MKL says each worker runs, and per cell the median over the
@@ -40,7 +41,14 @@ SETTINGS = {"default": {SWITCH: "off"}, "AUTO": {SETTING: "AUTO"}}
 PRODUCT_ROWS = (16, 128, 1024)
 FORWARDS = ((1, 16), (8, 128))
 # Calls per turn: a turn of about a tenth of a second or more at every size.
-REPEATS = {"products 16": 4, "products 128": 1, "products 1024": 1, "forward 1x16": 4, "forward 8x128": 1}
+REPEATS = {
+    "products 16": 4,
+    "products 128": 1,
+    "products 1024": 1,
+    "float64 products 128": 1,
+    "forward 1x16": 4,
+    "forward 8x128": 1,
+}
 
 
 def worker(threads: int) -> int:
@@ -61,6 +69,10 @@ def worker(threads: int) -> int:
     for rows in PRODUCT_ROWS:
         inputs = {width: torch.randn(rows, width) for width in (768, 3072)}
         cells[f"products {rows}"] = lambda inputs=inputs: [F.linear(inputs[w.shape[1]], w) for w in weights * 12]
+    # hfbert parity's reference: transformers in float64, MKL's dgemm.
+    wide = {width: torch.randn(128, width, dtype=torch.float64) for width in (768, 3072)}
+    doubles = [weight.double() for weight in weights]
+    cells["float64 products 128"] = lambda: [F.linear(wide[w.shape[1]], w) for w in doubles * 12]
     for batch, tokens in FORWARDS:
         ids = torch.randint(1000, 20000, (batch, tokens))
         cells[f"forward {batch}x{tokens}"] = lambda ids=ids: model(input_ids=ids)
