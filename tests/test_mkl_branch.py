@@ -158,3 +158,8 @@ def test_where_mkl_has_already_run_it_says_so(fresh):
     branch = mkl.mkl_branch()
     assert mkl.started_too_late() and "MKL_CBWR" not in os.environ
     assert branch.startswith("MKL default (MKL had already run") and "export MKL_CBWR=AUTO" in branch
+    fresh.setattr(mkl, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="export MKL_CBWR=AUTO") as caught:
+        mkl.warn_if_too_late(stacklevel=1)  # pointing at this line
+        mkl.warn_if_too_late(stacklevel=1)  # once per process
+    assert len(caught) == 1 and caught[0].filename == __file__

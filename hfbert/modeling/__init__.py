@@ -11,6 +11,7 @@
 - `inputs.py`, `outputs.py`, `activations.py`: argument checks, output classes, `hidden_act` formulas;
 - `tokenizer.py`: `BertTokenizer`, the checkpoint's WordPiece tokenizer;
 - `cpu.py`: what this CPU computes natively (the bf16 warning and the inference floor read it).
+- `mkl.py`: MKL's fast branch on AMD CPUs (`MKL_CBWR`), chosen when `import hfbert` runs.
 
 It imports the checkpoint floor (`converters`) below it and nothing above it: no inference kernel, no tool.
 """

@@ -2,20 +2,20 @@
 
 torch's x86 wheels link Intel's MKL statically, and fp32 `F.linear` (every linear layer of the plain model, and of
 transformers) and float64 products (the parity reference) are MKL's sgemm and dgemm. MKL picks its code by CPU
-vendor: on AMD CPUs its default is a slower generic branch. `MKL_CBWR`, MKL's documented "conditional numerical
-reproducibility" setting, makes it dispatch on the instruction set instead; on AMD CPUs MKL 2024.2 (torch 2.13)
-runs every branch named there (AVX2, AVX512, ...) as AUTO (MKL_VERBOSE prints `CNR:AUTO`), and COMPATIBLE is
-slower still. So hfbert sets AUTO: the instruction set's own branch, whatever the CPU has. Summation order is
-MKL's fixed order for that branch; the error against float64 stays transformers' own (tests/test_mkl_branch.py,
-docs/cpu-inference.md).
+vendor: on AMD CPUs its default can be a slower generic branch. `MKL_CBWR`, MKL's documented "conditional
+numerical reproducibility" setting, makes it dispatch on the instruction set instead; on AMD CPUs the MKL in torch
+2.13's wheel runs every branch named there (AVX2, AVX512, ...) as AUTO (MKL_VERBOSE prints `CNR:AUTO`), and
+COMPATIBLE is slower still. So hfbert sets AUTO: the instruction set's own branch, whatever the CPU has. Summation
+order is MKL's fixed order for that branch; the error against float64 stays transformers' own
+(tests/test_mkl_branch.py).
 
-Where it pays is measured per instruction set (`python -m benchmarks.mkl_branch`): on an AVX2 Zen 3, bert-base's
-products at 16 rows took about 0.6x the default's time; on an AVX-512 Zen 5, MKL's default was as fast as AUTO.
-So hfbert sets it on AMD CPUs without AVX-512, and leaves MKL's default where the CPU has AVX-512 (Zen 4, not
-measured, included: nothing says it gains).
+Where it pays is measured per instruction set (`python -m benchmarks.mkl_branch`, docs/cpu-inference.md): on an
+AVX2 Zen 3 it made the products at batch 1 much faster (issue 35); on an AVX-512 Zen 5, MKL's default ran as fast
+as AUTO, with bit-identical outputs. So hfbert sets it on AMD CPUs without AVX-512 and leaves MKL's default where
+the CPU has AVX-512 (Zen 4 too, not measured: no gain is known there).
 
 MKL reads the variable once, at its first call in the process: torch's import does not call it, a product does.
-`use_fast_branch()` (the first thing `import hfbert` runs) sets it where
+`use_fast_branch()` (which `import hfbert` runs before anything computes) sets it where
 
 - the CPU's vendor is AMD (elsewhere MKL's own dispatch is already its fast branch), without AVX-512,
 - the user set neither `MKL_CBWR` nor `MKL_ENABLE_INSTRUCTIONS` (a user's choice is never changed),
@@ -23,8 +23,8 @@ MKL reads the variable once, at its first call in the process: torch's import do
 
 then makes MKL read it at once and puts the environment back as it was: the branch holds for this process, and
 child processes start from the user's own environment. Where MKL has already run (torch computed a product before
-`import hfbert`), the branch cannot change any more: `mkl_branch()` says so, and the way out is to set
-`MKL_CBWR=AUTO` in the environment before Python starts.
+`import hfbert`), the branch cannot change any more: `mkl_branch()` says so, `warn_if_too_late()` warns, and the
+way out is to set `MKL_CBWR=AUTO` in the environment before Python starts.
 
     >>> from hfbert.modeling.mkl import mkl_branch
     >>> mkl_branch()  # doctest: +SKIP
@@ -81,8 +81,9 @@ def cpu_vendor() -> str:
 
 @functools.cache
 def _cbwr_get():
-    """MKL's own answer to which branch it runs (`mkl_serv_cbwr_get`, exported by torch's libtorch_cpu), or None
-    where this torch has no such symbol. Calling it makes MKL read `MKL_CBWR` if it has not yet."""
+    """MKL's own answer to which branch it runs, or None where this torch cannot be asked: `mkl_serv_cbwr_get`, the
+    service behind MKL's public `mkl_cbwr_get` (which torch's libtorch_cpu does not export; this it does). Calling
+    it makes MKL read `MKL_CBWR` if it has not yet."""
     if not torch.backends.mkl.is_available():
         return None
     library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
@@ -120,7 +121,7 @@ def use_fast_branch() -> None:
             _reason = "set by hfbert: AMD CPU; whether MKL had already run is unknown"
             return
         try:
-            took = get(1) & ~STRICT == 2
+            took = get(1) & ~STRICT != 1  # MKL_CBWR_BRANCH_OFF: MKL had read its setting before
         finally:
             del os.environ[SETTING]
         _reason = "set by hfbert: AMD CPU" if took else _late()
@@ -153,3 +154,19 @@ def started_too_late() -> bool:
     """Whether hfbert wanted MKL's fast branch here but MKL had already run: what `optimize_for_inference` and the
     reports warn about."""
     return _reason is not None and _reason.startswith("MKL had already run")
+
+
+_warned = False
+
+
+def warn_if_too_late(stacklevel: int = 2) -> None:
+    """Warn once per process where hfbert wanted MKL's fast branch but MKL had already run (`started_too_late`),
+    naming the way out; `stacklevel` counts from the caller, as in `warnings.warn`. For `optimize_for_inference`
+    and the tools that time or compare models."""
+    global _warned
+    if _warned or not started_too_late():
+        return
+    import warnings
+
+    _warned = True
+    warnings.warn(f"MKL runs its slower default branch on this AMD CPU: {mkl_branch()}", RuntimeWarning, stacklevel + 1)
