@@ -66,6 +66,7 @@ from hfbert.inference.int8 import INT8, Int8Linear, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
 from hfbert.inference.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, linear_candidates, packing_supported
 from hfbert.inference.swapped import Swapped
+from hfbert.modeling.mkl import warn_if_too_late
 from hfbert.modeling.model import BertSelfAttention
 
 QUANTIZATIONS = ("int8",)
@@ -127,8 +128,11 @@ def optimize_for_inference(
     per new shape, and a C++ compiler needed (RuntimeError naming it where there is none).
 
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
-    stays plain and the call warns; `inference_mode_of(model)` says what was applied."""
+    stays plain and the call warns; `inference_mode_of(model)` says what was applied. On an AMD CPU where hfbert
+    would run MKL's faster branch but MKL had already run before `import hfbert`, it warns once, naming the setting
+    (`hfbert.modeling.mkl`)."""
     mode = MODES[_mode_key(quantize, precision, kernels, compile)]
+    warn_if_too_late()  # MKL's products are the plain computation every kernel is measured against
     if compile:
         compile_target(model)  # a model the compiled path runs, before anything changes
     unavailable = _unavailable(mode, model)

@@ -78,6 +78,7 @@ class ParityReport:
             f"run        {self.device} ({where}, {self.instruction_set}), {self.dtype}, attention {self.attn}, "
             f"linear {self.linear_kernel}; hfbert {self.versions['hfbert']}, "
             f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
+            *([f"mkl        {self.versions['mkl']}"] if self.versions.get("mkl") and self.device == "cpu" else []),
             f"inputs     {described} sequences; {tokens} real tokens compared per output",
             f"verdict    {self.rule}",
             "",

@@ -84,6 +84,7 @@ def run_parity(
     from converters.key_map import MLM_HEAD, head_of, normalize_name
     from hfbert.modeling.config import BertConfig
     from hfbert.modeling.cpu import cpu_name, instruction_set
+    from hfbert.modeling.mkl import mkl_branch
     from hfbert.modeling.tokenizer import BertTokenizer
 
     started = time.perf_counter()
@@ -212,6 +213,7 @@ def run_parity(
             "transformers": transformers.__version__,
             "python": platform.python_version(),
             "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name(),
+            "mkl": mkl_branch(),
         },
         weight_files=weight_files,
         reference_weight_files=reference_files,
