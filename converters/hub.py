@@ -323,7 +323,9 @@ def _proven(blob: Path, sha256: str) -> bool:
         return False
     try:
         return json.loads(proof.read_text(encoding="utf-8")) == _fingerprint(blob)
-    except (OSError, ValueError):
+    # A proof that cannot be read (bad JSON or UTF-8, nested too deeply) proves nothing: the blob is hashed again
+    # and a good proof written over it.
+    except (OSError, ValueError, RecursionError):
         return False
 
 

@@ -100,6 +100,7 @@ def convert_command(arguments: argparse.Namespace) -> None:
         arguments.destination,
         dtype=DTYPES[arguments.dtype] if arguments.dtype else None,
         max_shard_size=arguments.max_shard_size,
+        ignore_auto_map=arguments.ignore_auto_map,
     )
     print(f"wrote {arguments.destination}: {', '.join(written)}")
 
@@ -154,6 +155,7 @@ def parity_command(arguments: argparse.Namespace) -> int:
         artifact_names=arguments.artifact,
         artifact_bound=arguments.artifact_bound,
         artifact_precision=arguments.artifact_precision,
+        ignore_auto_map=arguments.ignore_auto_map,
     )
     to_stdout = arguments.json == "-"
     print(report.table(), file=sys.stderr if to_stdout else sys.stdout)
@@ -385,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--max-shard-size", default="2GB", help="largest safetensors file, e.g. 500MB or 2GB (default: 2GB)"
     )
+    _auto_map_option(convert)
     _model_options(convert)
     convert.set_defaults(run=convert_command, parser=convert)
 
@@ -481,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenVINO's inference precision: f32 (the default) or default (the CPU's own choice, bf16 on CPUs "
         "with native bf16: what a user gets without a hint)",
     )
+    _auto_map_option(parity)
     _model_options(parity)
     parity.set_defaults(run=parity_command, parser=parity)
 

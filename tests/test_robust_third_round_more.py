@@ -1,0 +1,123 @@
+"""Third adversarial round (issue 33), second pass: the same classes of defect as the listed items, found where the
+list was silent: `auto_map` on every command that reads a model, JSON files nested deeply or of the wrong type,
+flags read by truthiness as the reference library reads them.
+
+Each test fails on the code before its fix; answers are judged against transformers where it defines them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import hfbert
+
+from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transformers_checkpoint
+from support.robust import assert_one_line, edit_config, run, write_tiny_mlm
+
+JINA_AUTO_MAP = {
+    "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+    "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel",
+    "AutoModelForMaskedLM": "jinaai/jina-bert-implementation--modeling_bert.JinaBertForMaskedLM",
+}
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefg", "hello", "world"]
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.fixture
+def custom_code_checkpoint(tmp_path) -> Path:
+    directory = write_random_transformers_checkpoint(tmp_path / "custom", **SMALL_CONFIG)
+    (directory / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
+    return edit_config(directory, auto_map=JINA_AUTO_MAP)
+
+
+# -- convert: auto_map refused as a load refuses it, with the same opt-out ---------------------------------------
+
+
+def test_convert_refuses_auto_map_and_takes_the_opt_out(custom_code_checkpoint, tmp_path, capsys):
+    import transformers
+
+    from hfbert.tools.convert import convert
+
+    with pytest.raises(hfbert.CheckpointError, match=r"'auto_map' maps AutoModel to custom code .*JinaBertModel"):
+        convert(custom_code_checkpoint, tmp_path / "api")
+    assert not (tmp_path / "api").exists()
+    code, stderr = run(capsys, "convert", custom_code_checkpoint, tmp_path / "cli")
+    assert_one_line(code, stderr, "auto_map", "JinaBertModel", "--ignore-auto-map")
+    assert not (tmp_path / "cli").exists()
+
+    # Known to be plain BERT: converted as such. The model's custom code is not copied, so the result maps no model
+    # to it (a tokenizer's entry stays: its files are copied), and it loads as plain BERT without the opt-out.
+    edit_config(custom_code_checkpoint, auto_map={**JINA_AUTO_MAP, "AutoTokenizer": ["tok.MyTokenizer", None]})
+    code, stderr = run(capsys, "convert", custom_code_checkpoint, tmp_path / "cli", "--ignore-auto-map")
+    assert code == 0, stderr
+    written = json.loads((tmp_path / "cli" / "config.json").read_text())
+    assert written["auto_map"] == {"AutoTokenizer": ["tok.MyTokenizer", None]}
+    ours = hfbert.BertModel.from_pretrained(tmp_path / "cli")
+    theirs = transformers.BertModel.from_pretrained(custom_code_checkpoint).eval()
+    ids = torch.tensor([[2, 12, 13, 5, 3]])
+    with torch.no_grad():
+        expected, got = theirs(input_ids=ids).last_hidden_state, ours(input_ids=ids).last_hidden_state
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+
+
+# -- inspect: says the checkpoint maps to custom code -------------------------------------------------------------
+
+
+def test_inspect_shows_auto_map(custom_code_checkpoint, capsys):
+    from hfbert.tools.inspect import describe, summary
+
+    facts = summary(custom_code_checkpoint)
+    assert facts["custom_code"]["auto_map"] == JINA_AUTO_MAP
+    assert "JinaBertModel" in facts["custom_code"]["refused"]
+    text = describe(custom_code_checkpoint)
+    assert "auto_map" in text and "JinaBertModel" in text and "--ignore-auto-map" in text
+    from hfbert.cli import main
+
+    capsys.readouterr()
+    assert main(["inspect", str(custom_code_checkpoint), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["custom_code"]["auto_map"] == JINA_AUTO_MAP
+    assert summary(minilm_directory())["custom_code"] is None
+    assert "custom code" not in describe(minilm_directory())
+
+
+# -- parity: refused as the load it runs, with the same opt-out --------------------------------------------------
+
+
+def test_parity_refuses_auto_map_and_takes_the_opt_out(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    directory = edit_config(write_tiny_mlm(tmp_path / "mlm"), auto_map=JINA_AUTO_MAP)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("A first sentence.\nAnother one, a little longer.\n")
+    arguments = ["parity", directory, "--texts", texts, "--batch-size", "2"]
+    code, stderr = run(capsys, *arguments)
+    assert_one_line(code, stderr, "auto_map", "JinaBertModel", "--ignore-auto-map")
+    code, stderr = run(capsys, *arguments, "--ignore-auto-map")
+    assert code == 0, stderr + capsys.readouterr().out
+
+
+# -- the sha256 proof kept in the Hub cache ----------------------------------------------------------------------
+
+
+def test_a_proof_nested_deeply_is_no_proof(tmp_path, monkeypatch):
+    """The proof of a cache blob is hfbert's own file: one that cannot be read (nested 100,000 deep) proves nothing,
+    so the blob is hashed again (not a RecursionError) and a good proof written over it."""
+    from test_hub_cache import MAIN_SHA, REPO_ID, add_snapshot
+
+    import converters.hub as hub
+
+    cache = tmp_path / "hub"
+    add_snapshot(cache, MAIN_SHA, {"model.safetensors": (minilm_directory() / "model.safetensors").read_bytes()})
+    first = hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache)
+    sha256 = first.verified_sha256["model.safetensors"]
+    proof = cache / ("models--" + REPO_ID.replace("/", "--")) / hub.PROOF_FOLDER / sha256
+    assert proof.is_file()
+    proof.write_text(DEEP)
+    hashed = []
+    original = hub.sha256_of
+    monkeypatch.setattr(hub, "sha256_of", lambda path: hashed.append(path) or original(path))
+    assert hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache).verified_sha256 == first.verified_sha256
+    assert len(hashed) == 1 and isinstance(json.loads(proof.read_text()), dict)
