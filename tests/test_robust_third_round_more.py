@@ -8,8 +8,10 @@ Each test fails on the code before its fix; answers are judged against transform
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,3 +123,44 @@ def test_a_proof_nested_deeply_is_no_proof(tmp_path, monkeypatch):
     monkeypatch.setattr(hub, "sha256_of", lambda path: hashed.append(path) or original(path))
     assert hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache).verified_sha256 == first.verified_sha256
     assert len(hashed) == 1 and isinstance(json.loads(proof.read_text()), dict)
+
+
+# -- config_sentence_transformers.json: prompts of the wrong type -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "prompts, arguments, field",
+    [
+        ({"default_prompt_name": "query", "prompts": ["query"]}, [], "prompts is ['query']"),
+        ({"prompts": "query"}, ["--prompt-name", "query"], "prompts is 'query'"),
+        ({"default_prompt_name": "query", "prompts": {"query": 5}}, [], "prompt 'query' is 5"),
+        ({"prompts": {"query": ["x"]}}, ["--prompt-name", "query"], "prompt 'query' is ['x']"),
+        ({"default_prompt_name": ["query"], "prompts": {"query": "q: "}}, [], "default_prompt_name is ['query']"),
+    ],
+)
+def test_prompts_of_the_wrong_type_name_the_file_and_field(tmp_path, capsys, prompts, arguments, field):
+    directory = tmp_path / "minilm"
+    shutil.copytree(minilm_directory(), directory)
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    code, stderr = run(capsys, "embed", directory, "hello", *arguments)
+    assert_one_line(code, stderr, "config_sentence_transformers.json", field)
+
+
+def test_a_prompt_name_whose_prompt_is_null_means_no_prompt_as_in_sentence_transformers(tmp_path):
+    """sentence-transformers 6 (`_resolve_prompt`): prompt_name picks `prompts[name]`, null included, so a null
+    prompt is no prompt, not the default one."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    from hfbert.tools.embedding import Embedder
+
+    directory = tmp_path / "minilm"
+    shutil.copytree(minilm_directory(), directory)
+    prompts = {"prompts": {"query": "query: ", "plain": None}, "default_prompt_name": "query"}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    texts = ["A first sentence.", "Another one, about something else."]
+    expected = SentenceTransformer(str(directory), device="cpu").encode(texts, prompt_name="plain")
+    got = Embedder(directory, prompt_name="plain").embed(texts).numpy()
+    assert np.abs(got - expected).max() < 1e-5
+    with_default = SentenceTransformer(str(directory), device="cpu").encode(texts)
+    assert np.abs(got - with_default).max() > 1e-3  # the case tells a prompt from none

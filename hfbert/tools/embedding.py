@@ -51,7 +51,14 @@ from torch import Tensor, nn
 from converters.atomic_write import atomic_file
 from converters.dtypes import DTYPES
 from hfbert.tools.extras import import_numpy
-from hfbert.tools.sentence_transformers_pipeline import POOLINGS, Dense, pool, read_json, read_pipeline
+from hfbert.tools.sentence_transformers_pipeline import (
+    POOLINGS,
+    Dense,
+    checkpoint_prompts,
+    pool,
+    prompt_text,
+    read_pipeline,
+)
 from hfbert.tools.texts import check_unicode, read_texts
 
 CHUNK_SIZE = 10_000
@@ -162,11 +169,11 @@ class Embedder:
                 pipeline.max_length = max_length
                 pipeline.overrides.append(f"max_length {max_length}")
         if prompt_name is not None:
-            prompts = read_json(directory / "config_sentence_transformers.json").get("prompts") or {}
+            prompts, _ = checkpoint_prompts(directory)
             if prompt_name not in prompts:
                 names = ", ".join(map(repr, prompts)) or "none"
                 raise ValueError(f"prompt name {prompt_name!r} is not in the checkpoint's prompts ({names})")
-            prompt = prompts[prompt_name]
+            prompt = prompt_text(prompts, prompt_name, directory) or ""
         if prompt is not None and (prompt or None) != pipeline.prompt:
             pipeline.prompt = prompt or None
             pipeline.overrides.append(f"prompt {prompt!r}")
