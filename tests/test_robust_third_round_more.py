@@ -164,3 +164,32 @@ def test_a_prompt_name_whose_prompt_is_null_means_no_prompt_as_in_sentence_trans
     assert np.abs(got - expected).max() < 1e-5
     with_default = SentenceTransformer(str(directory), device="cpu").encode(texts)
     assert np.abs(got - with_default).max() > 1e-3  # the case tells a prompt from none
+
+
+# -- tokenizer files: lists of special tokens of the wrong type ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "file, values",
+    [
+        ("tokenizer_config.json", {"additional_special_tokens": "[E1]"}),
+        ("special_tokens_map.json", {"additional_special_tokens": [5]}),
+        # The tokenizers library takes only true / false flags (TypeError: 'str' object is not an instance of 'bool').
+        ("tokenizer_config.json", {"additional_special_tokens": [{"content": "[E1]", "lstrip": "yes"}]}),
+        ("special_tokens_map.json", {"extra_special_tokens": [{"content": "[E1]", "single_word": 1}]}),
+    ],
+)
+def test_special_token_lists_of_the_wrong_type_name_the_file(tmp_path, file, values):
+    directory = tmp_path / "vocab-only"
+    directory.mkdir()
+    shutil.copy(minilm_directory() / "vocab.txt", directory / "vocab.txt")
+    config = {
+        "do_lower_case": True
+    }  # no added_tokens_decoder: special_tokens_map.json is read, as transformers reads it
+    config |= values if file == "tokenizer_config.json" else {}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    if file == "special_tokens_map.json":
+        (directory / file).write_text(json.dumps(values))
+    field = next(iter(values))
+    with pytest.raises(hfbert.ConfigError, match=rf"{file}: field '{field}'"):
+        hfbert.BertTokenizer.from_pretrained(directory)
