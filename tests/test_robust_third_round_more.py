@@ -193,3 +193,36 @@ def test_special_token_lists_of_the_wrong_type_name_the_file(tmp_path, file, val
     field = next(iter(values))
     with pytest.raises(hfbert.ConfigError, match=rf"{file}: field '{field}'"):
         hfbert.BertTokenizer.from_pretrained(directory)
+
+
+# -- flags read by truthiness, as transformers reads them -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [True, 1, "yes", 0, False, None])
+def test_legacy_gradient_checkpointing_flag_read_as_transformers_reads_it(value):
+    import transformers
+
+    small = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, intermediate_size=37, vocab_size=50)
+    ours = hfbert.BertModel(hfbert.BertConfig.from_dict({**small, "gradient_checkpointing": value}))
+    theirs = transformers.BertModel(transformers.BertConfig(**small, gradient_checkpointing=value))
+    assert ours.is_gradient_checkpointing == theirs.is_gradient_checkpointing
+
+
+@pytest.mark.parametrize("flag", ["output_hidden_states", "output_attentions"])
+@pytest.mark.parametrize("value", [1, 0, None])
+def test_output_flags_written_as_integers_read_as_transformers_reads_them(tmp_path, flag, value):
+    """transformers takes `"output_hidden_states": 1` (or 0, or null) in config.json and reads it by truthiness
+    (5.x's own output collection then gives a tuple with holes for 1, so the reference is transformers with the flag
+    passed as the bool it means)."""
+    import transformers
+
+    directory = edit_config(write_random_transformers_checkpoint(tmp_path / "m", **SMALL_CONFIG), **{flag: value})
+    ours = hfbert.BertModel.from_pretrained(directory, attn_implementation="eager")
+    theirs = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
+    ids = torch.tensor([[2, 12, 13, 5, 3]])
+    with torch.no_grad():
+        expected = getattr(theirs(input_ids=ids, **{flag: bool(value)}), flag[7:])
+        got = getattr(ours(input_ids=ids), flag[7:])
+    assert (got is None) == (expected is None) == (not value)
+    for mine, reference in zip(got or (), expected or (), strict=True):
+        assert torch.allclose(mine, reference, atol=1e-5, rtol=0)

@@ -142,8 +142,9 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        # A legacy `"gradient_checkpointing": true` in config.json turns it on, as in transformers.
-        self.checkpointing = Checkpointing(enabled=getattr(config, "gradient_checkpointing", False) is True)
+        # A legacy `"gradient_checkpointing": true` in config.json turns it on, as in transformers, which reads it by
+        # truthiness (older configs write 1).
+        self.checkpointing = Checkpointing(enabled=bool(getattr(config, "gradient_checkpointing", False)))
 
     def forward(
         self,
