@@ -248,3 +248,16 @@ def test_torchrun_part_files_never_overwrite_or_delete_a_users_file(tmp_path, mo
     assert theirs.read_bytes() == before
     part = tmp_path / ".texts.jsonl.partial-rank0-of-2"  # hfbert's own temporary namespace
     assert json.loads(part.read_text())["index"] == 0
+
+
+# -- a module modules.json lists, without its config ----------------------------------------------------------------
+
+
+def test_a_pooling_module_without_its_config_is_refused_not_mean(tmp_path, capsys):
+    """sentence-transformers cannot build a Pooling module whose config.json is missing (TypeError: no
+    embedding_dimension); hfbert pooled by the mean instead, silently (the checkpoint may say CLS)."""
+    directory = tmp_path / "minilm"
+    shutil.copytree(minilm_directory(), directory)
+    (directory / "1_Pooling" / "config.json").unlink()
+    code, stderr = run(capsys, "embed", directory, "hello")
+    assert_one_line(code, stderr, "1_Pooling/config.json", "Pooling")

@@ -203,6 +203,8 @@ def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
 
 def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...], bool]:
     config_file = directory / "config.json"
+    if not config_file.is_file():  # sentence-transformers cannot build the module either: never a silent mean
+        raise ValueError(f"{config_file}: missing; modules.json lists a Pooling module here, which needs its config")
     config = read_json(config_file)
     if "pooling_mode" not in config:
         # The legacy flags, read as sentence-transformers reads them: by truthiness (older configs write 1 / 0);
