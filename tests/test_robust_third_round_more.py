@@ -261,3 +261,19 @@ def test_a_pooling_module_without_its_config_is_refused_not_mean(tmp_path, capsy
     (directory / "1_Pooling" / "config.json").unlink()
     code, stderr = run(capsys, "embed", directory, "hello")
     assert_one_line(code, stderr, "1_Pooling/config.json", "Pooling")
+
+
+# -- a CTranslate2 artifact's config.json -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [DEEP, "[1, 2]"])
+def test_a_ctranslate2_config_nested_deeply_or_not_an_object_names_the_file(tmp_path, text):
+    pytest.importorskip("ctranslate2")
+    from hfbert.tools.parity.engines import ctranslate2_engine
+    from hfbert.tools.parity.engines.base import ArtifactError
+
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(
+        ArtifactError, match=r"config\.json: (not valid JSON \(nested too deeply\)|expected a JSON object)"
+    ):
+        ctranslate2_engine.load(tmp_path, hidden_size=96, threads=1)
