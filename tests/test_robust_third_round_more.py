@@ -277,3 +277,19 @@ def test_a_ctranslate2_config_nested_deeply_or_not_an_object_names_the_file(tmp_
         ArtifactError, match=r"config\.json: (not valid JSON \(nested too deeply\)|expected a JSON object)"
     ):
         ctranslate2_engine.load(tmp_path, hidden_size=96, threads=1)
+
+
+# -- parity --reference: its config.json checked as hfbert checks one ---------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [(DEEP, "not valid JSON"), ("[1]", "expected a JSON object")])
+def test_a_parity_reference_with_a_bad_config_names_the_file(tmp_path, capsys, text, expected):
+    pytest.importorskip("transformers")
+    model = write_tiny_mlm(tmp_path / "model")
+    reference = tmp_path / "reference"
+    shutil.copytree(model, reference)
+    (reference / "config.json").write_text(text)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("hello world\n")
+    code, stderr = run(capsys, "parity", model, "--reference", reference, "--texts", texts)
+    assert_one_line(code, stderr, str(reference / "config.json"), expected)

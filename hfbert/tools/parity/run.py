@@ -125,6 +125,8 @@ def run_parity(
     del checkpoint
     reference_directory = Path(resolve_checkpoint(reference, **hub)) if reference is not None else directory
     reference_files = _describe_files(read_checkpoint(reference_directory).files) if reference is not None else []
+    if reference is not None:  # checked as hfbert checks a config (naming the file), before transformers reads it
+        BertConfig.from_json_file(reference_directory / CONFIG_FILE)
 
     # The artifacts first: one that cannot run fails before the models load.
     our_config = BertConfig.from_pretrained(directory)
