@@ -293,3 +293,21 @@ def test_a_parity_reference_with_a_bad_config_names_the_file(tmp_path, capsys, t
     texts.write_text("hello world\n")
     code, stderr = run(capsys, "parity", model, "--reference", reference, "--texts", texts)
     assert_one_line(code, stderr, str(reference / "config.json"), expected)
+
+
+@pytest.mark.parametrize("class_name", ["BertModel", "BertForMaskedLM", "BertForSequenceClassification"])
+@pytest.mark.parametrize("in_config", [None, False, 0])
+@pytest.mark.parametrize("in_call", [None, False, 0, True])
+def test_return_dict_of_the_config_and_the_call_as_transformers_reads_them(class_name, in_config, in_call):
+    """transformers' BertModel returns a tuple when `return_dict` (the call's, else config.json's) is False; its task
+    models when it is falsy. hfbert ignored config.json's `return_dict: false` and read the call's as `is False`."""
+    import transformers
+
+    small = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, intermediate_size=37, vocab_size=50)
+    values = small if in_config is None else {**small, "return_dict": in_config}
+    ours = getattr(hfbert, class_name)(hfbert.BertConfig.from_dict(values)).eval()
+    theirs = getattr(transformers, class_name)(transformers.BertConfig(**values)).eval()
+    call = {} if in_call is None else {"return_dict": in_call}
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert isinstance(ours(ids, **call), tuple) == isinstance(theirs(ids, **call), tuple)
