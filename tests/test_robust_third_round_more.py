@@ -311,3 +311,11 @@ def test_return_dict_of_the_config_and_the_call_as_transformers_reads_them(class
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert isinstance(ours(ids, **call), tuple) == isinstance(theirs(ids, **call), tuple)
+
+
+def test_embed_and_fill_mask_run_a_checkpoint_whose_config_says_return_dict_false(tmp_path, capsys):
+    directory = edit_config(write_tiny_mlm(tmp_path / "mlm"), return_dict=False)
+    code, stderr = run(capsys, "fill-mask", directory, "Paris is the [MASK] of France.")
+    assert code == 0, stderr
+    code, stderr = run(capsys, "embed", directory, "hello world")
+    assert code == 0, stderr

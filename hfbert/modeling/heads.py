@@ -223,6 +223,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
             input_ids=input_ids,
             attention_mask=encoding["attention_mask"].to(self.device),
             token_type_ids=encoding["token_type_ids"].to(self.device),
+            return_dict=True,
         ).logits[0, positions[0]]
         scores, token_ids = logits.float().softmax(-1).topk(top_k)
         results = []

@@ -225,7 +225,7 @@ class Embedder:
                 max_length=self.max_length,
                 return_tensors="pt",
             ).to(self.model.device)
-            hidden = self.model(**batch).last_hidden_state
+            hidden = self.model(**batch, return_dict=True).last_hidden_state
             vectors = pool(hidden, batch["attention_mask"], self.pipeline.pooling, self.prompt_length).float()
             for step in self.pipeline.steps:
                 vectors = F.normalize(vectors, p=2, dim=-1) if step == "Normalize" else step(vectors)
