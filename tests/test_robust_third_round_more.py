@@ -319,3 +319,17 @@ def test_embed_and_fill_mask_run_a_checkpoint_whose_config_says_return_dict_fals
     assert code == 0, stderr
     code, stderr = run(capsys, "embed", directory, "hello world")
     assert code == 0, stderr
+
+
+@pytest.mark.parametrize("value", [1, 0, None])
+def test_clean_up_tokenization_spaces_read_by_truthiness_as_transformers(tmp_path, value):
+    import transformers
+
+    directory = tmp_path / "tokenizer"
+    shutil.copytree(minilm_directory(), directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "clean_up_tokenization_spaces": value}))
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    ours = hfbert.BertTokenizer.from_pretrained(directory)
+    ids = theirs("It isn't here , is it ?")["input_ids"]
+    assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)

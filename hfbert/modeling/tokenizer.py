@@ -45,7 +45,10 @@ _MAX_LENGTH_VALUES = (
 )
 # The lists of extra special tokens a tokenizer config or special_tokens_map.json may hold.
 _TOKEN_LISTS = ("extra_special_tokens", "additional_special_tokens")
+# The tokenizers library takes only true / false for the first two. transformers reads the third by truthiness
+# (`if clean_up_tokenization_spaces:`), so 1 / 0 / null, as older configs write flags, are taken for it too.
 _BOOLEAN_OPTIONS = ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces")
+_TRUTHY_OPTIONS = ("clean_up_tokenization_spaces",)
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 _PADDING = {True: "longest", "longest": "longest", "max_length": "max_length", False: None, "do_not_pad": None}
 _TRUNCATION = {True: "longest_first", False: None, "do_not_truncate": None}
@@ -448,7 +451,11 @@ def read_tokenizer_options(path: Path) -> dict[str, Any]:
     `ConfigError` naming the file, the field and the values it accepts. `model_max_length` comes back an int."""
     values = read_json_object(path)
     for name in _BOOLEAN_OPTIONS:
-        if name in values and not isinstance(values[name], bool):
+        if name not in values or isinstance(values[name], bool):
+            continue
+        if name in _TRUTHY_OPTIONS and values[name] in (0, 1, None):
+            values[name] = bool(values[name])
+        else:
             raise _option_error(path, name, values[name], "true or false")
     if values.get("strip_accents") is not None and not isinstance(values["strip_accents"], bool):
         expected = "true, false or null (follow do_lower_case)"
