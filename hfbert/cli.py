@@ -130,13 +130,22 @@ def parity_command(arguments: argparse.Namespace) -> int:
         from converters.hub import resolve_checkpoint
 
         reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
+    from converters.hub import artifact_companion
     from hfbert.tools.parity.artifact_paths import resolve_artifact
 
     hub = {"cache_dir": arguments.cache_dir, "token": arguments.token}
     artifacts = [resolve_artifact(path, arguments.model, directory, **hub) for path in arguments.artifact or ()]
+    # A file artifact's inputs include what it reads beside it: an ONNX file's external data, an IR's .bin.
+    artifact_files = [path for path in artifacts if path.is_file()]
+    artifact_files += [
+        sibling
+        for path in artifact_files
+        for sibling in path.parent.iterdir()
+        if sibling.is_file() and artifact_companion(path.name, sibling.name)
+    ]
     refuse_overwriting_inputs(
         {"--json": arguments.json, "--plot": arguments.plot},
-        {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifacts if path.is_file()}},
+        {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifact_files}},
         {"MODEL": directory, "--reference": reference, **{f"--artifact {p}": p for p in artifacts if p.is_dir()}},
     )
     refuse_output_over_stdin({"--json": arguments.json, "--plot": arguments.plot}, arguments.texts)

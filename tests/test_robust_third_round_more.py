@@ -333,3 +333,23 @@ def test_clean_up_tokenization_spaces_read_by_truthiness_as_transformers(tmp_pat
     ours = hfbert.BertTokenizer.from_pretrained(directory)
     ids = theirs("It isn't here , is it ?")["input_ids"]
     assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+
+
+# -- parity outputs over what an artifact reads beside it ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "artifact, companion", [("model.xml", "model.bin"), ("model.onnx", "model.onnx_data"), ("m.onnx", "m.onnx.data")]
+)
+def test_parity_output_over_an_artifacts_weights_is_refused(tmp_path, capsys, artifact, companion):
+    """An OpenVINO IR reads its weights from the .bin beside the .xml, an ONNX file its external data: outputs
+    over them were written (the .xml / .onnx alone was checked)."""
+    model = write_tiny_mlm(tmp_path / "model")
+    folder = tmp_path / "deployed"
+    folder.mkdir()
+    (folder / artifact).write_bytes(b"graph")
+    (folder / companion).write_bytes(b"weights")
+    for option in ("--json", "--plot"):
+        code, stderr = run(capsys, "parity", model, "--artifact", folder / artifact, option, folder / companion)
+        assert_one_line(code, stderr, companion, "refusing to overwrite")
+        assert (folder / companion).read_bytes() == b"weights"
