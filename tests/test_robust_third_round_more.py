@@ -353,3 +353,30 @@ def test_parity_output_over_an_artifacts_weights_is_refused(tmp_path, capsys, ar
         code, stderr = run(capsys, "parity", model, "--artifact", folder / artifact, option, folder / companion)
         assert_one_line(code, stderr, companion, "refusing to overwrite")
         assert (folder / companion).read_bytes() == b"weights"
+
+
+# -- a vocab.txt tokenizer that is not BERT's WordPiece -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tokenizer_class, refused",
+    [
+        ("BertJapaneseTokenizer", True),
+        ("MyCustomTokenizer", True),
+        ("BertTokenizerFast", False),
+        ("DistilBertTokenizer", False),
+    ],
+)
+def test_a_vocab_tokenizer_of_another_class_is_refused_not_built_as_bert(tmp_path, tokenizer_class, refused):
+    """cl-tohoku/bert-base-japanese says model_type bert, ships vocab.txt and tokenizer_class BertJapaneseTokenizer
+    (MeCab word splitting before WordPiece): hfbert built plain BERT WordPiece from it, other ids, silently."""
+    directory = tmp_path / "vocab-only"
+    directory.mkdir()
+    shutil.copy(minilm_directory() / "vocab.txt", directory / "vocab.txt")
+    config = {"do_lower_case": True, "tokenizer_class": tokenizer_class}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    if refused:
+        with pytest.raises(ValueError, match=rf"tokenizer_config\.json: tokenizer_class '{tokenizer_class}'"):
+            hfbert.BertTokenizer.from_pretrained(directory)
+    else:
+        assert hfbert.BertTokenizer.from_pretrained(directory)("hello world")["input_ids"] == [101, 7592, 2088, 102]

@@ -110,6 +110,7 @@ class BertTokenizer:
             if has_config and _normalizer_options(tokenizer) is not None:
                 tokenizer.normalizer = _bert_normalizer(config)
         elif (directory / "vocab.txt").is_file():
+            _check_wordpiece_class(own.get("tokenizer_class"), directory / "tokenizer_config.json")
             try:
                 tokenizer = _build_from_vocab(directory / "vocab.txt", config)
             except UnicodeDecodeError as error:
@@ -407,6 +408,32 @@ def _token_list(values: dict[str, Any], name: str) -> list[AddedToken]:
         else:
             tokens.append(AddedToken(token, normalized=False, special=True))
     return tokens
+
+
+# transformers' tokenizers that build BERT's pipeline (BasicTokenizer + WordPiece, [CLS] / [SEP]) from a vocab.txt.
+_WORDPIECE_CLASSES = (
+    "BertTokenizer",
+    "DistilBertTokenizer",
+    "ElectraTokenizer",
+    "MobileBertTokenizer",
+    "SqueezeBertTokenizer",
+    "LayoutLMTokenizer",
+    "ConvBertTokenizer",
+    "LxmertTokenizer",
+    "RetriBertTokenizer",
+)
+
+
+def _check_wordpiece_class(tokenizer_class: Any, path: Path) -> None:
+    """ValueError naming the file when its `tokenizer_class` tokenizes a vocab.txt otherwise than BERT's WordPiece
+    (BertJapaneseTokenizer splits words with MeCab first; a custom class runs its own code): hfbert builds BERT's
+    pipeline only, and would give other ids silently."""
+    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in _WORDPIECE_CLASSES:
+        return
+    raise ValueError(
+        f"{path}: tokenizer_class {tokenizer_class!r} is not BERT's WordPiece tokenizer, the one hfbert builds from "
+        f"vocab.txt (it would give other ids); tokenize with transformers' tokenizer for this checkpoint"
+    )
 
 
 def _legacy_added_tokens(path: Path) -> list[str]:
