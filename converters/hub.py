@@ -323,7 +323,9 @@ def _proven(blob: Path, sha256: str) -> bool:
         return False
     try:
         return json.loads(proof.read_text(encoding="utf-8")) == _fingerprint(blob)
-    except (OSError, ValueError):
+    # A proof that cannot be read (bad JSON or UTF-8, nested too deeply) proves nothing: the blob is hashed again
+    # and a good proof written over it.
+    except (OSError, ValueError, RecursionError):
         return False
 
 
@@ -340,6 +342,14 @@ def _record_proof(blob: Path, sha256: str, fingerprint: dict[str, int]) -> None:
         os.replace(temporary, proof)
     except OSError:
         pass
+
+
+def artifact_companion(path: str, name: str) -> bool:
+    """Whether the file `name` is one the artifact file `path` needs beside it (both "/"-separated, relative to one
+    folder): an ONNX file's external data (`model.onnx_data`, `model.onnx.data`), an OpenVINO IR's `.bin`."""
+    if path.endswith(".xml"):
+        return name == path.rsplit(".", 1)[0] + ".bin"
+    return name != path and name.startswith(path) and name.endswith(("_data", ".data"))
 
 
 def download_artifact(
@@ -360,14 +370,8 @@ def download_artifact(
     with hub_errors(repo_id, revision):
         info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
     siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
-    stem = path.rsplit(".", 1)[0] if path.endswith(".xml") else path
     wanted = [
-        name
-        for name in siblings
-        if name == path
-        or name.startswith(path + "/")
-        or (name.startswith(path) and name.endswith(("_data", ".data")))
-        or (path.endswith(".xml") and name == stem + ".bin")
+        name for name in siblings if name == path or name.startswith(path + "/") or artifact_companion(path, name)
     ]
     if not wanted:
         raise CheckpointError(f"{repo_id}@{info.sha}: no file or folder {path!r} in the repository")

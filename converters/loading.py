@@ -315,6 +315,21 @@ _AUTO_CLASSES = {
 }
 
 
+def _for_tokenizer(entry: Any) -> bool:
+    return str(entry).startswith(("AutoTokenizer", "AutoProcessor"))
+
+
+def without_model_auto_map(values: dict[str, Any]) -> dict[str, Any]:
+    """config.json's `values` without the `auto_map` entries of models and configs (those of tokenizers stay): what
+    a checkpoint loaded as plain BERT (`ignore_auto_map=True`) is, written out."""
+    auto_map = values.get("auto_map")
+    if auto_map is None:
+        return values
+    kept = {key: value for key, value in auto_map.items() if _for_tokenizer(key)} if isinstance(auto_map, dict) else {}
+    values = {key: value for key, value in values.items() if key != "auto_map"}
+    return {**values, "auto_map": kept} if kept else values
+
+
 def check_auto_map(auto_map: Any, source: str, model_class: type | None = None) -> None:
     """CheckpointError when config.json's `auto_map` sends a model or its config to custom code (as
     jina-embeddings-v2 does, under `model_type: "bert"`): that code, not BERT, defines what the checkpoint computes,
@@ -324,7 +339,7 @@ def check_auto_map(auto_map: Any, source: str, model_class: type | None = None) 
     if auto_map is None:
         return
     entries = auto_map if isinstance(auto_map, dict) else {"auto_map": auto_map}
-    model_entries = [key for key in entries if not str(key).startswith(("AutoTokenizer", "AutoProcessor"))]
+    model_entries = [key for key in entries if not _for_tokenizer(key)]
     if not model_entries:
         return
     wanted = _AUTO_CLASSES.get(getattr(model_class, "__name__", ""), "AutoModel")

@@ -100,6 +100,7 @@ def convert_command(arguments: argparse.Namespace) -> None:
         arguments.destination,
         dtype=DTYPES[arguments.dtype] if arguments.dtype else None,
         max_shard_size=arguments.max_shard_size,
+        ignore_auto_map=arguments.ignore_auto_map,
     )
     print(f"wrote {arguments.destination}: {', '.join(written)}")
 
@@ -129,13 +130,22 @@ def parity_command(arguments: argparse.Namespace) -> int:
         from converters.hub import resolve_checkpoint
 
         reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
+    from converters.hub import artifact_companion
     from hfbert.tools.parity.artifact_paths import resolve_artifact
 
     hub = {"cache_dir": arguments.cache_dir, "token": arguments.token}
     artifacts = [resolve_artifact(path, arguments.model, directory, **hub) for path in arguments.artifact or ()]
+    # A file artifact's inputs include what it reads beside it: an ONNX file's external data, an IR's .bin.
+    artifact_files = [path for path in artifacts if path.is_file()]
+    artifact_files += [
+        sibling
+        for path in artifact_files
+        for sibling in path.parent.iterdir()
+        if sibling.is_file() and artifact_companion(path.name, sibling.name)
+    ]
     refuse_overwriting_inputs(
         {"--json": arguments.json, "--plot": arguments.plot},
-        {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifacts if path.is_file()}},
+        {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifact_files}},
         {"MODEL": directory, "--reference": reference, **{f"--artifact {p}": p for p in artifacts if p.is_dir()}},
     )
     refuse_output_over_stdin({"--json": arguments.json, "--plot": arguments.plot}, arguments.texts)
@@ -154,6 +164,7 @@ def parity_command(arguments: argparse.Namespace) -> int:
         artifact_names=arguments.artifact,
         artifact_bound=arguments.artifact_bound,
         artifact_precision=arguments.artifact_precision,
+        ignore_auto_map=arguments.ignore_auto_map,
     )
     to_stdout = arguments.json == "-"
     print(report.table(), file=sys.stderr if to_stdout else sys.stdout)
@@ -385,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--max-shard-size", default="2GB", help="largest safetensors file, e.g. 500MB or 2GB (default: 2GB)"
     )
+    _auto_map_option(convert)
     _model_options(convert)
     convert.set_defaults(run=convert_command, parser=convert)
 
@@ -481,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenVINO's inference precision: f32 (the default) or default (the CPU's own choice, bf16 on CPUs "
         "with native bf16: what a user gets without a hint)",
     )
+    _auto_map_option(parity)
     _model_options(parity)
     parity.set_defaults(run=parity_command, parser=parity)
 

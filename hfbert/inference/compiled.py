@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from hfbert.inference.swapped import Swapped, hooked, swapped_modules, weight_key
 from hfbert.modeling.inputs import check_inputs
-from hfbert.modeling.model import BertModel
+from hfbert.modeling.model import BertModel, wants_tuple
 from hfbert.modeling.outputs import BertModelOutput
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -127,7 +127,7 @@ class CompiledForward:
         if (*shape, variant, self._generation) not in self.compiled:
             self.compiled[(*shape, variant, self._generation)] = time.perf_counter() - started
         output = _cut(output, *given["input_ids"].shape, given.get("attention_mask"), model)
-        return output if given.get("return_dict") is not False else output.to_tuple()
+        return output.to_tuple() if wants_tuple(model.config, given.get("return_dict")) else output
 
     def _shape(self, given: dict[str, Any]) -> tuple[int, int] | None:
         """The bucket shape this call runs compiled at, or None where it runs the eager model."""

@@ -222,6 +222,9 @@ class BertConfig:
         # num_labels is accepted; the runtime attention setting is not read from files.
         known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source", "_attn_implementation"}
         typed = {key: value for key, value in values.items() if key in known}
+        for name in _TRUTHY_FLAGS:  # 1 / 0 / null, as older configs write them: read by truthiness, as transformers
+            if name in typed and not isinstance(typed[name], bool) and typed[name] in (0, 1, None):
+                typed[name] = bool(typed[name])
         extra = {key: value for key, value in values.items() if key not in known}
         # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
         return cls(**typed, extra_fields=extra, source=source)
@@ -338,6 +341,8 @@ _MAX_SIZE = 2**24
 _MAX_LAYERS = 256
 _MAX_LABELS = 2**20
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+# Flags transformers' models read from the config by truthiness (`if config.output_attentions`), with no check.
+_TRUTHY_FLAGS = ("output_hidden_states", "output_attentions")
 _NOT_IN_JSON = ("extra_fields", "source", "num_labels", "_attn_implementation")
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 

@@ -74,9 +74,11 @@ class _BertWithHead(BertPreTrainedModel):
         """The encoder on forward's first seven arguments (input_ids ... output_hidden_states), in that order."""
         return self.bert(*inputs, return_dict=True)
 
-    @staticmethod
-    def finish(output: Any, return_dict: bool | None) -> Any:
-        return output if return_dict is not False else output.to_tuple()
+    def finish(self, output: Any, return_dict: bool | None) -> Any:
+        # As transformers' task models (`can_return_tuple`): by truthiness, the config's when none is given.
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
 
     def classifier_dropout(self) -> nn.Dropout:
         probability = self.config.classifier_dropout
@@ -221,6 +223,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
             input_ids=input_ids,
             attention_mask=encoding["attention_mask"].to(self.device),
             token_type_ids=encoding["token_type_ids"].to(self.device),
+            return_dict=True,
         ).logits[0, positions[0]]
         scores, token_ids = logits.float().softmax(-1).topk(top_k)
         results = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -142,8 +143,9 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        # A legacy `"gradient_checkpointing": true` in config.json turns it on, as in transformers.
-        self.checkpointing = Checkpointing(enabled=getattr(config, "gradient_checkpointing", False) is True)
+        # A legacy `"gradient_checkpointing": true` in config.json turns it on, as in transformers, which reads it by
+        # truthiness (older configs write 1).
+        self.checkpointing = Checkpointing(enabled=bool(getattr(config, "gradient_checkpointing", False)))
 
     def forward(
         self,
@@ -256,7 +258,7 @@ class BertModel(BertPreTrainedModel):
             hidden_states=tuple(batch.unpack(states) for states in all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output.to_tuple() if wants_tuple(self.config, return_dict) else output
 
     def layout(self, attention_mask: Tensor | None, output_attentions: bool) -> PaddedBatch | PackedBatch:
         """The batch layout and attention kernel of one call. Padding-free only where nothing observable changes
@@ -308,3 +310,11 @@ def _warn_once_eager_for_attentions(implementation: str) -> None:
             f"probabilities, so calls that ask for them run the eager kernel (said once).",
             stacklevel=2,
         )
+
+
+def wants_tuple(config: Any, return_dict: bool | None) -> bool:
+    """Whether `BertModel.forward` returns a tuple, as transformers' BertModel decides: `return_dict=False`, or none
+    given and the config's `return_dict` (true unless config.json says otherwise) false."""
+    if return_dict is None:
+        return_dict = getattr(config, "return_dict", True)
+    return return_dict is False

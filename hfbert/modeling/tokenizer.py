@@ -43,7 +43,12 @@ _MAX_REAL_LENGTH = 10**19
 _MAX_LENGTH_VALUES = (
     "a positive integer up to 10**19, or a number above 1e20 for no limit (transformers writes int(1e30)), or null"
 )
+# The lists of extra special tokens a tokenizer config or special_tokens_map.json may hold.
+_TOKEN_LISTS = ("extra_special_tokens", "additional_special_tokens")
+# The tokenizers library takes only true / false for the first two. transformers reads the third by truthiness
+# (`if clean_up_tokenization_spaces:`), so 1 / 0 / null, as older configs write flags, are taken for it too.
 _BOOLEAN_OPTIONS = ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces")
+_TRUTHY_OPTIONS = ("clean_up_tokenization_spaces",)
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 _PADDING = {True: "longest", "longest": "longest", "max_length": "max_length", False: None, "do_not_pad": None}
 _TRUNCATION = {True: "longest_first", False: None, "do_not_truncate": None}
@@ -105,6 +110,7 @@ class BertTokenizer:
             if has_config and _normalizer_options(tokenizer) is not None:
                 tokenizer.normalizer = _bert_normalizer(config)
         elif (directory / "vocab.txt").is_file():
+            _check_wordpiece_class(own.get("tokenizer_class"), directory / "tokenizer_config.json")
             try:
                 tokenizer = _build_from_vocab(directory / "vocab.txt", config)
             except UnicodeDecodeError as error:
@@ -393,10 +399,7 @@ def _add_tokens(
 
 def _token_list(values: dict[str, Any], name: str) -> list[AddedToken]:
     """A list of special tokens (strings, or AddedToken objects as dicts) from a tokenizer config, as AddedTokens."""
-    value = values.get(name) or []
-    if not isinstance(value, list) or not all(_is_token(token) for token in value):
-        expected = 'a list of tokens (strings, or objects with a "content" string)'
-        raise _option_error(values.get("__source__", name), name, value, expected)
+    value = values.get(name) or []  # checked by read_tokenizer_options
     tokens = []
     for token in value:
         if isinstance(token, dict):
@@ -405,6 +408,32 @@ def _token_list(values: dict[str, Any], name: str) -> list[AddedToken]:
         else:
             tokens.append(AddedToken(token, normalized=False, special=True))
     return tokens
+
+
+# transformers' tokenizers that build BERT's pipeline (BasicTokenizer + WordPiece, [CLS] / [SEP]) from a vocab.txt.
+_WORDPIECE_CLASSES = (
+    "BertTokenizer",
+    "DistilBertTokenizer",
+    "ElectraTokenizer",
+    "MobileBertTokenizer",
+    "SqueezeBertTokenizer",
+    "LayoutLMTokenizer",
+    "ConvBertTokenizer",
+    "LxmertTokenizer",
+    "RetriBertTokenizer",
+)
+
+
+def _check_wordpiece_class(tokenizer_class: Any, path: Path) -> None:
+    """ValueError naming the file when its `tokenizer_class` tokenizes a vocab.txt otherwise than BERT's WordPiece
+    (BertJapaneseTokenizer splits words with MeCab first; a custom class runs its own code): hfbert builds BERT's
+    pipeline only, and would give other ids silently."""
+    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in _WORDPIECE_CLASSES:
+        return
+    raise ValueError(
+        f"{path}: tokenizer_class {tokenizer_class!r} is not BERT's WordPiece tokenizer, the one hfbert builds from "
+        f"vocab.txt (it would give other ids); tokenize with transformers' tokenizer for this checkpoint"
+    )
 
 
 def _legacy_added_tokens(path: Path) -> list[str]:
@@ -449,7 +478,11 @@ def read_tokenizer_options(path: Path) -> dict[str, Any]:
     `ConfigError` naming the file, the field and the values it accepts. `model_max_length` comes back an int."""
     values = read_json_object(path)
     for name in _BOOLEAN_OPTIONS:
-        if name in values and not isinstance(values[name], bool):
+        if name not in values or isinstance(values[name], bool):
+            continue
+        if name in _TRUTHY_OPTIONS and values[name] in (0, 1, None):
+            values[name] = bool(values[name])
+        else:
             raise _option_error(path, name, values[name], "true or false")
     if values.get("strip_accents") is not None and not isinstance(values["strip_accents"], bool):
         expected = "true, false or null (follow do_lower_case)"
@@ -458,6 +491,11 @@ def read_tokenizer_options(path: Path) -> dict[str, Any]:
         if name in values and not (values[name] is None or _is_token(values[name])):
             expected = 'a non-empty string, or an object with a "content" string (an AddedToken), or null'
             raise _option_error(path, name, values[name], expected)
+    for name in _TOKEN_LISTS:
+        value = values.get(name)
+        if value and not (isinstance(value, list) and all(_is_token(token) and _flags_valid(token) for token in value)):
+            expected = 'a list of tokens (strings, or objects with a "content" string and true / false flags)'
+            raise _option_error(path, name, value, expected)
     if "model_max_length" in values:
         values["model_max_length"] = model_max_length(values["model_max_length"], path)
     if "added_tokens_decoder" in values:
@@ -485,9 +523,17 @@ def _check_added_tokens(decoder: Any, path: Path) -> None:
         raise _option_error(path, "added_tokens_decoder", decoder, expected)
     for key, spec in decoder.items():
         valid = key.isdigit() and isinstance(spec, dict) and _is_token(spec)
-        valid = valid and all(isinstance(spec[flag], bool) for flag in _ADDED_TOKEN_FLAGS if flag in spec)
+        valid = valid and _flags_valid(spec)
         if not valid:
             raise _option_error(path, "added_tokens_decoder", spec, expected, entry=key)
+
+
+def _flags_valid(token: Any) -> bool:
+    """Whether an AddedToken object's flags (lstrip, special, ...) are true or false, as the tokenizers library
+    takes them; a plain string has none."""
+    return not isinstance(token, dict) or all(
+        isinstance(token[flag], bool) for flag in _ADDED_TOKEN_FLAGS if flag in token
+    )
 
 
 def _is_token(value: Any) -> bool:

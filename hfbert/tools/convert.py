@@ -31,16 +31,31 @@ from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.key_map import BACKBONE_PREFIX, TIED_DECODER, head_of, normalize_name
-from converters.loading import check_cast, check_requested_dtype, match_checkpoint, non_finite, skipped_initialisation
+from converters.loading import (
+    check_auto_map,
+    check_cast,
+    check_requested_dtype,
+    match_checkpoint,
+    non_finite,
+    skipped_initialisation,
+    without_model_auto_map,
+)
 from converters.writing import atomic_directory, copy_model_files, parse_size, write_safetensors
 from hfbert.modeling.config import BertConfig
 
 
-def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[str, Tensor], dict]:
-    """Read, validate against config.json and rename every tensor to transformers' canonical name."""
+def canonical_tensors(
+    directory: Path, dtype: torch.dtype | None, *, ignore_auto_map: bool = False
+) -> tuple[dict[str, Tensor], dict]:
+    """Read, validate against config.json and rename every tensor to transformers' canonical name. A config whose
+    `auto_map` sends the model to custom code is refused, as `from_pretrained` refuses it; with `ignore_auto_map`
+    it converts as plain BERT and the written config keeps only a tokenizer's `auto_map` entries (the model's code
+    is not copied: the result is a plain BERT checkpoint)."""
     from hfbert.modeling.model import BertModel
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
+    if not ignore_auto_map:
+        check_auto_map(config.to_dict().get("auto_map"), str(directory / CONFIG_FILE))
     checkpoint = read_checkpoint(directory)
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in BertModel(config).state_dict().items()}
@@ -69,6 +84,7 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None) -> tuple[dict[
     if dtype is not None:
         tensors = {name: cast(name, tensor, dtype, directory) for name, tensor in tensors.items()}
     config_values = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    config_values = without_model_auto_map(config_values)
     if dtype is not None:
         for key in ("dtype", "torch_dtype"):
             config_values[key] = dtype_name(dtype)
@@ -130,10 +146,13 @@ def convert(
     *,
     dtype: torch.dtype | None = None,
     max_shard_size: str | int = "2GB",
+    ignore_auto_map: bool = False,
 ) -> list[str]:
     """Convert `source` (local directory or repo id) into a canonical checkpoint at `destination`.
 
-    Returns the names of the files written. Raises if `destination` exists; never leaves a partial one.
+    Returns the names of the files written. Raises if `destination` exists; never leaves a partial one. A config
+    whose `auto_map` sends the model to custom code is refused unless `ignore_auto_map=True` says the weights are
+    plain BERT (the result then maps no model to custom code).
 
         >>> convert("google-bert/bert-base-uncased", "bert-base-canonical", dtype=torch.bfloat16)  # doctest: +SKIP
     """
@@ -143,7 +162,7 @@ def convert(
     parse_size(max_shard_size)  # a bad size fails before any work
     check_requested_dtype(dtype)
     directory = resolve_checkpoint(source, include_tokenizer=True, include_sentence_transformers=True)
-    tensors, config_values = canonical_tensors(directory, dtype)
+    tensors, config_values = canonical_tensors(directory, dtype, ignore_auto_map=ignore_auto_map)
     backbone = not any(name.startswith(BACKBONE_PREFIX) for name in tensors)  # no task heads: a BertModel
     with atomic_directory(destination) as temporary:
         written = write_safetensors(tensors, temporary, max_shard_size)

@@ -28,9 +28,10 @@ given as arguments, or a regular file), the `.npy` file's space is reserved firs
 too small fails before any work; in every case a full disk ends in one error naming the disk, never in a crash.
 
 Under `torchrun` (RANK and WORLD_SIZE set, WORLD_SIZE > 1) each process reads the whole input (a regular file) and
-embeds the lines i with i % WORLD_SIZE == RANK into a part file `OUT.rank{RANK}`; after a barrier (gloo process
-group) rank 0 merges the parts in input order into OUT and deletes them. The result is the same file as a
-single-process run.
+embeds the lines i with i % WORLD_SIZE == RANK into a part file `.OUT.partial-rank{RANK}-of-{WORLD_SIZE}` beside
+OUT (hfbert's own temporary names, so a user's file is never overwritten or deleted as a part); after a barrier
+(gloo process group) rank 0 merges the parts in input order into OUT and deletes them. The result is the same file
+as a single-process run.
 """
 
 from __future__ import annotations
@@ -48,10 +49,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from converters.atomic_write import atomic_file
+from converters.atomic_write import PARTIAL_MARK, atomic_file
 from converters.dtypes import DTYPES
 from hfbert.tools.extras import import_numpy
-from hfbert.tools.sentence_transformers_pipeline import POOLINGS, Dense, pool, read_json, read_pipeline
+from hfbert.tools.sentence_transformers_pipeline import (
+    POOLINGS,
+    Dense,
+    checkpoint_prompts,
+    pool,
+    prompt_text,
+    read_pipeline,
+)
 from hfbert.tools.texts import check_unicode, read_texts
 
 CHUNK_SIZE = 10_000
@@ -162,11 +170,11 @@ class Embedder:
                 pipeline.max_length = max_length
                 pipeline.overrides.append(f"max_length {max_length}")
         if prompt_name is not None:
-            prompts = read_json(directory / "config_sentence_transformers.json").get("prompts") or {}
+            prompts, _ = checkpoint_prompts(directory)
             if prompt_name not in prompts:
                 names = ", ".join(map(repr, prompts)) or "none"
                 raise ValueError(f"prompt name {prompt_name!r} is not in the checkpoint's prompts ({names})")
-            prompt = prompts[prompt_name]
+            prompt = prompt_text(prompts, prompt_name, directory) or ""
         if prompt is not None and (prompt or None) != pipeline.prompt:
             pipeline.prompt = prompt or None
             pipeline.overrides.append(f"prompt {prompt!r}")
@@ -217,7 +225,7 @@ class Embedder:
                 max_length=self.max_length,
                 return_tensors="pt",
             ).to(self.model.device)
-            hidden = self.model(**batch).last_hidden_state
+            hidden = self.model(**batch, return_dict=True).last_hidden_state
             vectors = pool(hidden, batch["attention_mask"], self.pipeline.pooling, self.prompt_length).float()
             for step in self.pipeline.steps:
                 vectors = F.normalize(vectors, p=2, dim=-1) if step == "Normalize" else step(vectors)
@@ -428,7 +436,7 @@ def embed_file(
     kind = output_kind(out)
     if world > 1 and out is None:
         raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
-    target = f"{out}.rank{rank}" if world > 1 else out
+    target = part_file(out, rank, world) if world > 1 else out
     share = len(range(rank, total, world)) if total is not None else None
     bar = Progress(share, "embed", "text", enabled=progress and rank == 0)
     # Into a temporary file that replaces `target` only once every row is written: a failure on line 21 leaves
@@ -467,6 +475,13 @@ def _checked(text: str, index: int) -> str:
     return text
 
 
+def part_file(out: str | os.PathLike, rank: int, world: int) -> str:
+    """The part file rank `rank` of `world` writes under torchrun: a hidden name beside `out` in the namespace of
+    hfbert's temporaries (`converters.atomic_write`), never a file a user could have (`OUT.rank0` could be one)."""
+    out = Path(out)
+    return str(out.with_name(f".{out.name}{PARTIAL_MARK}rank{rank}-of-{world}"))
+
+
 def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: int, dimension: int) -> int | None:
     """Wait for every rank's part; rank 0 interleaves them back into input order (line i is in part i % world)
     and returns the number of rows merged."""
@@ -479,7 +494,7 @@ def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: in
     try:
         dist.barrier()  # every part is complete
         if rank == 0:
-            parts = [f"{out}.rank{r}" for r in range(world)]
+            parts = [part_file(out, r, world) for r in range(world)]
             try:
                 merged = merge_parts(out, kind, parts, dimension)
             except OSError as error:

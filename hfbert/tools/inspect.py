@@ -1,7 +1,8 @@
 """`describe`: what a checkpoint holds and what hfbert's key map does to it, as plain text (`summary`: as data).
 
-Config summary; files with sizes and sha256; the tensor table (name, shape, dtype, bytes, key map action)
-with encoder layers folded when they are identical; parameter counts.
+Config summary; custom code the config maps the model to (`auto_map`, which hfbert does not run); files with sizes
+and sha256; the tensor table (name, shape, dtype, bytes, key map action) with encoder layers folded when they are
+identical; parameter counts.
 """
 
 from __future__ import annotations
@@ -13,17 +14,26 @@ from typing import Any
 
 from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import dtype_name
+from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, sha256_of
 from converters.key_map import map_key
+from converters.loading import check_auto_map
 
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 
 
 def summary(directory: Path) -> dict[str, Any]:
-    """What `describe` prints, as data (`hfbert inspect --json`): config, files, tensors, parameter counts."""
+    """What `describe` prints, as data (`hfbert inspect --json`): config, custom code (`auto_map` and why hfbert
+    refuses to load it; null when none), files, tensors, parameter counts."""
     from hfbert.modeling.config import BertConfig
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
+    auto_map = config.to_dict().get("auto_map")
+    try:
+        check_auto_map(auto_map, str(directory / CONFIG_FILE))
+        custom_code = None
+    except CheckpointError as error:  # the refusal a load would give, as the reason
+        custom_code = {"auto_map": auto_map, "refused": str(error)}
     checkpoint = read_checkpoint(directory)
     files = [
         {
@@ -78,6 +88,7 @@ def summary(directory: Path) -> dict[str, Any]:
                 "hidden_act",
             )
         },
+        "custom_code": custom_code,
         "files": files,
         "tensors": tensors,
         "parameters": {**counts, "total": counts["backbone"] + counts["heads"]},
@@ -92,9 +103,16 @@ def describe(directory: Path) -> str:
         f"config      {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
         f"{c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
         f"positions {c['max_position_embeddings']}, token types {c['type_vocab_size']}, {c['hidden_act']}",
-        "",
-        "files",
     ]
+    if facts["custom_code"] is not None:
+        entries = facts["custom_code"]["auto_map"]
+        pairs = entries.items() if isinstance(entries, dict) else [("auto_map", entries)]
+        shown = ", ".join(f"{key} -> {value}" for key, value in pairs)
+        lines.append(
+            f"custom code auto_map maps to code hfbert does not run ({shown}): hfbert refuses to load this checkpoint "
+            f"unless told its weights are plain BERT (--ignore-auto-map, ignore_auto_map=True)"
+        )
+    lines += ["", "files"]
     for file in facts["files"]:
         note = f"  ({file['not_read']})" if file["not_read"] else ""
         lines.append(f"  {file['name']:<40} {file['bytes']:>15,} bytes  sha256 {file['sha256']}{note}")

@@ -203,6 +203,8 @@ def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
 
 def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...], bool]:
     config_file = directory / "config.json"
+    if not config_file.is_file():  # sentence-transformers cannot build the module either: never a silent mean
+        raise ValueError(f"{config_file}: missing; modules.json lists a Pooling module here, which needs its config")
     config = read_json(config_file)
     if "pooling_mode" not in config:
         # The legacy flags, read as sentence-transformers reads them: by truthiness (older configs write 1 / 0);
@@ -356,13 +358,40 @@ def read_pipeline(
             pipeline.steps.append("Normalize")
     if not pooled:
         raise ValueError(f"{modules_file}: no Pooling module; hfbert embed returns one vector per text")
-    prompts = read_json(directory / "config_sentence_transformers.json")
-    default = prompts.get("default_prompt_name")
+    table, default = checkpoint_prompts(directory)
     if default is not None:
-        table = prompts.get("prompts") or {}
         if default not in table:
-            raise ValueError(
-                f"{directory / 'config_sentence_transformers.json'}: default_prompt_name {default!r} is not in prompts"
-            )
-        pipeline.prompt = table[default] or None
+            raise ValueError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not in prompts")
+        pipeline.prompt = prompt_text(table, default, directory)
     return pipeline
+
+
+PROMPTS_FILE = "config_sentence_transformers.json"
+
+
+def checkpoint_prompts(directory: Path) -> tuple[dict[str, Any], str | None]:
+    """config_sentence_transformers.json's prompts (name -> text) and default prompt name; ValueError naming the
+    file and field when either has the wrong type (a list of prompts, a name that is no string)."""
+    path = Path(directory) / PROMPTS_FILE
+    config = read_json(path)
+    table = config.get("prompts") or {}
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: prompts is {_shown(table)}; expected an object of prompt name -> text")
+    default = config.get("default_prompt_name")
+    if default is not None and not isinstance(default, str):
+        raise ValueError(f"{path}: default_prompt_name is {_shown(default)}; expected a prompt name (a string)")
+    return table, default
+
+
+def prompt_text(table: dict[str, Any], name: str, directory: Path) -> str | None:
+    """The text of prompt `name` of `checkpoint_prompts`' table (None for an empty one); ValueError naming the file
+    when it is not a string."""
+    text = table[name]
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"{Path(directory) / PROMPTS_FILE}: prompt {name!r} is {_shown(text)}; expected a string")
+    return text or None
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."

@@ -65,6 +65,7 @@ def run_parity(
     artifact_bound: float = ACCURACY_RATIO,
     artifact_precision: str = "f32",
     artifact_names: Sequence[str] | None = None,
+    ignore_auto_map: bool = False,
 ) -> ParityReport:
     """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
     directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
@@ -77,11 +78,14 @@ def run_parity(
     artifacts judged on the same batches against the same float64 run (a .onnx file, an OpenVINO .xml, a CTranslate2
     folder; a relative path not found here is looked up inside the model, on the Hub for a repo id), each output
     within `artifact_bound` x transformers' fp32 error; `artifact_precision`: OpenVINO's precision hint ("f32", or
-    "default": the CPU's own choice). `artifact_names`: what the report calls them (default: as given)."""
+    "default": the CPU's own choice). `artifact_names`: what the report calls them (default: as given).
+    A checkpoint whose config.json maps the model to custom code (`auto_map`) is refused before anything loads, as
+    `from_pretrained` refuses it, unless `ignore_auto_map=True` says its weights are plain BERT."""
     transformers = import_transformers()
     from converters.checkpoint_files import read_checkpoint
-    from converters.hub import resolve_checkpoint
+    from converters.hub import CONFIG_FILE, resolve_checkpoint
     from converters.key_map import MLM_HEAD, head_of, normalize_name
+    from converters.loading import check_auto_map
     from hfbert.modeling.config import BertConfig
     from hfbert.modeling.cpu import cpu_name, instruction_set
     from hfbert.modeling.mkl import mkl_branch
@@ -122,9 +126,14 @@ def run_parity(
     del checkpoint
     reference_directory = Path(resolve_checkpoint(reference, **hub)) if reference is not None else directory
     reference_files = _describe_files(read_checkpoint(reference_directory).files) if reference is not None else []
+    if reference is not None:  # checked as hfbert checks a config (naming the file), before transformers reads it
+        BertConfig.from_json_file(reference_directory / CONFIG_FILE)
 
     # The artifacts first: one that cannot run fails before the models load.
-    hidden_size = BertConfig.from_pretrained(directory).hidden_size
+    our_config = BertConfig.from_pretrained(directory)
+    if not ignore_auto_map:
+        check_auto_map(our_config.to_dict().get("auto_map"), str(directory / CONFIG_FILE))
+    hidden_size = our_config.hidden_size
     checks = [
         ArtifactCheck(
             str(name),
@@ -144,7 +153,9 @@ def run_parity(
     # the hidden states, the pooler and the attention probabilities), else the backbone alone.
     tokenizer = BertTokenizer.from_pretrained(directory)
     shape = {"has_mlm_head": has_mlm_head, "has_pooler": has_pooler, "dtype": dtype, "device": device, "attn": attn}
-    ours, ran_kernel = hfbert_engine.load(directory, linear_kernel=linear_kernel, **shape)
+    ours, ran_kernel = hfbert_engine.load(
+        directory, linear_kernel=linear_kernel, ignore_auto_map=ignore_auto_map, **shape
+    )
     theirs, exact = transformers_engine.load(transformers, reference_directory, **shape)
     config = ours.model.config
     cases = build_cases(

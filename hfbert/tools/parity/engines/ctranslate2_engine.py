@@ -78,8 +78,11 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         config = (
             json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
         )
-    except ValueError as error:
-        raise ArtifactError(f"{path / 'config.json'}: not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply
+        reason = " ".join(str(error).split())[:200] if isinstance(error, ValueError) else "nested too deeply"
+        raise ArtifactError(f"{path / 'config.json'}: not valid JSON ({reason})") from None
+    if not isinstance(config, dict):
+        raise ArtifactError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
     if config.get("decoder_start_token") is not None:
         raise ArtifactError(f"{path}: a CTranslate2 sequence-to-sequence or decoder model; expected an encoder")
     try:

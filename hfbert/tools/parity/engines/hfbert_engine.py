@@ -19,18 +19,27 @@ def load(
     device: str,
     attn: str,
     linear_kernel: str | None,
+    ignore_auto_map: bool = False,
 ) -> tuple[TorchEngine, str]:
-    """hfbert's model and what its linear layers run on ("F.linear", "oneDNN, packed", ...)."""
+    """hfbert's model and what its linear layers run on ("F.linear", "oneDNN, packed", ...). `ignore_auto_map`:
+    as `from_pretrained` takes it."""
     from hfbert.modeling.heads import BertForMaskedLM
     from hfbert.modeling.model import BertModel, BertPooler
     from hfbert.tools.parity.reference import with_pooler
 
     if has_mlm_head:
         our_class = with_pooler(BertForMaskedLM, BertPooler) if has_pooler else BertForMaskedLM
-        model = our_class.from_pretrained(directory, dtype=dtype, device=device, attn_implementation=attn)
+        model = our_class.from_pretrained(
+            directory, dtype=dtype, device=device, attn_implementation=attn, ignore_auto_map=ignore_auto_map
+        )
     else:
         model = BertModel.from_pretrained(
-            directory, dtype=dtype, device=device, attn_implementation=attn, add_pooling_layer=has_pooler
+            directory,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn,
+            add_pooling_layer=has_pooler,
+            ignore_auto_map=ignore_auto_map,
         )
     ran_kernel = "F.linear"
     if linear_kernel in ("packed", "fast"):
