@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import report
-from benchmarks.benchmark import cpu_seconds, others_cores
+from benchmarks.busy import add_allow_busy_option, cpu_seconds, others_cores, refuse_busy_start
 
 # (name, how it was built); the builders are in `build`.
 ARTIFACTS = (
@@ -147,18 +147,20 @@ def main() -> int:
     parser.add_argument("--json", metavar="OUT.json", help="write the result here")
     parser.add_argument("--update-docs", action="store_true", help="write docs/results/certify.json and the page")
     parser.add_argument("--render", metavar="JSON", help="render an existing result into the docs, no run")
+    add_allow_busy_option(parser)
     args = parser.parse_args()
     if args.render:
         add_section()
-        report.render_file("certify", Path(args.render))
+        report.render_file("certify", Path(args.render), args.allow_busy)
         return 0
+    refuse_busy_start(args.update_docs, args.allow_busy)
     result = measure()
     print("\n" + report.certify_markdown(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
     if args.update_docs:
         add_section()
-        report.publish("certify", result)
+        report.publish("certify", result, args.allow_busy)
     return 0
 
 

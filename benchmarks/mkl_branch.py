@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.benchmark import cpu_seconds, others_cores
+from benchmarks.busy import cpu_seconds, others_cores
 from hfbert.modeling.cpu import cpu_name, instruction_set
 from hfbert.modeling.mkl import SETTING, SWITCH, USER_SETTINGS, cpu_vendor
 

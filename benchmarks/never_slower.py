@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 import hfbert
-from benchmarks.benchmark import batch, cpu_seconds, interleaved, make_checkpoint, mixed_batches, others_cores
+from benchmarks.benchmark import batch, interleaved, make_checkpoint, mixed_batches
+from benchmarks.busy import cpu_seconds, others_cores
 from hfbert.inference import packed_layers
 from hfbert.modeling.cpu import cpu_name, instruction_set
 from hfbert.modeling.mkl import mkl_branch
