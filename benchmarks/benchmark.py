@@ -47,6 +47,7 @@ import hfbert
 from benchmarks import report
 from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
 from hfbert.modeling.cpu import bfloat16_native, instruction_set
+from hfbert.modeling.mkl import mkl_branch
 from tests.support.checkpoints import bert_base_shapes, random_tensors, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +76,7 @@ def machine_info(device: str, optimized: bool) -> dict:
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "hfbert_linear": "packed by hfbert.optimize_for_inference" if optimized else "F.linear (plain model)",
         "instruction_set": instruction_set(),
+        "mkl_branch": mkl_branch(),
         # Other processes on these few cores skew every number: say how busy the machine was.
         "load_before": os.getloadavg()[0],
     }

@@ -534,6 +534,8 @@ def benchmark_markdown(report: dict) -> str:
         f"({machine['threads']} threads), transformers {machine['transformers']}, Python {machine['python']}; "
         f"hfbert's linear layers: {machine['hfbert_linear']}.",
     ]
+    if machine.get("mkl_branch"):
+        lines.append(f"MKL (torch's fp32 products: hfbert's, transformers'): {machine['mkl_branch']}.")
     lines.append(run_line(f"Run time {report['seconds']:.0f} s", machine))
     if report.get("args", {}).get("quick") in (True, "True"):
         lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, 3 timed passes instead of 10.")
