@@ -18,8 +18,7 @@ import torch
 from torch import Tensor
 
 from hfbert.tools.extras import MissingExtraError
-from hfbert.tools.parity.engines.base import INSTALL_DEPLOY, ArtifactEngine, ArtifactError, installed_version
-from hfbert.tools.parity.engines.base import reason_of as _reason
+from hfbert.tools.parity.engines.base import INSTALL_DEPLOY, ArtifactEngine, ArtifactError, installed_version, reason_of
 
 NAME = "CTranslate2"
 
@@ -90,7 +89,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
             encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type="default", intra_threads=threads)
             lines = log()
     except Exception as error:
-        reason = _reason(error)
+        reason = reason_of(error)
         raise ArtifactError(
             f"{path}: CTranslate2 cannot load it as an encoder ({reason}); expected a BERT encoder"
         ) from None

@@ -17,9 +17,7 @@ from hfbert.tools.parity.engines.base import (
     check_inputs,
     import_engine,
     installed_version,
-)
-from hfbert.tools.parity.engines.base import (
-    reason_of as _reason,
+    reason_of,
 )
 
 NAME = "ONNX Runtime"
@@ -72,7 +70,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     try:
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:
-        reason = _reason(error)
+        reason = reason_of(error)
         raise ArtifactError(
             f"{path}: ONNX Runtime cannot load it as a model ({reason}); expected a BERT encoder graph"
         ) from None

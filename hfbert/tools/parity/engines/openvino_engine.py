@@ -19,9 +19,7 @@ from hfbert.tools.parity.engines.base import (
     check_inputs,
     import_engine,
     installed_version,
-)
-from hfbert.tools.parity.engines.base import (
-    reason_of as _reason,
+    reason_of,
 )
 
 NAME = "OpenVINO"
@@ -66,7 +64,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     try:
         model = core.read_model(str(path))
     except Exception as error:
-        reason = _reason(error)
+        reason = reason_of(error)
         raise ArtifactError(f"{path}: OpenVINO cannot read it as an IR ({reason}); expected a BERT encoder") from None
     try:
         inputs = [port.get_any_name() for port in model.inputs]
@@ -88,7 +86,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     try:
         compiled = core.compile_model(model, "CPU", properties)
     except Exception as error:
-        reason = _reason(error)
+        reason = reason_of(error)
         raise ArtifactError(f"{path}: OpenVINO cannot compile it for the CPU ({reason})") from None
     ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     request = compiled.create_infer_request()
