@@ -107,3 +107,16 @@ def test_every_marked_section_has_a_committed_result():
         for name in re.findall(r"<!-- (\w+):begin -->", page.read_text()):
             assert name in rendered, f"{page.name}: section {name!r} has no docs/results/{name}.json"
             assert report.section(page.read_text(), name) is not None, f"{page.name}: {name!r} has no end marker"
+
+
+def test_the_readme_set_up_installs_every_engine_the_tests_use():
+    """The README's set-up (`pip install -e ".[test]"`) brings the deploy engines, so no artifact test skips in a
+    newcomer's run of the README's test command."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[; ]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
+
+    assert names(extras["deploy"]) <= names(extras["test"])
+    assert 'pip install -e ".[test]"' in (ROOT / "README.md").read_text()
