@@ -347,6 +347,11 @@ class BertPreTrainedModel(nn.Module):
         """Write the Hugging Face layout (config.json, safetensors or shards + index, tokenizer files of the
         checkpoint this model came from), atomically; tied weights are stored once.
 
+        Into an existing folder only config.json and the weights are replaced; tokenizer files there are kept (the
+        checkpoint's are copied only into a folder with none). When the kept or copied tokenizer does not go with
+        this model (another vocabulary than the checkpoint's, or ids past `config.vocab_size`), a UserWarning names
+        the files and the way out.
+
         transformers' keywords mean what they mean there: `is_main_process=False` writes nothing (every rank may
         call it); `state_dict` is saved instead of the model's own (keys as `state_dict()` names them);
         `safe_serialization=False` writes `pytorch_model.bin` through `save_function(obj, path)` (default

@@ -1,7 +1,8 @@
 """`describe`: what a checkpoint holds and what hfbert's key map does to it, as plain text (`summary`: as data).
 
-Config summary; custom code the config maps the model to (`auto_map`, which hfbert does not run); files with sizes
-and sha256; the tensor table (name, shape, dtype, bytes, key map action) with encoder layers folded when they are
+Config summary; custom code the config maps the model to (`auto_map`, which hfbert does not run); the tokenizer
+and whether it fits the model (ids past `vocab_size`, a `model_max_length` past the position embeddings); files with
+sizes and sha256; the tensor table (name, shape, dtype, bytes, key map action) with encoder layers folded when they are
 identical; parameter counts.
 """
 
@@ -15,11 +16,13 @@ from typing import Any
 from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import dtype_name
 from converters.errors import CheckpointError
-from converters.hub import CONFIG_FILE, sha256_of
+from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sha256_of
 from converters.key_map import map_key
 from converters.loading import check_auto_map
 
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
+# A model_max_length above this is transformers' "no limit" (hfbert.modeling.tokenizer.model_max_length).
+_NO_LIMIT_ABOVE = 10**20
 
 
 def summary(directory: Path) -> dict[str, Any]:
@@ -89,10 +92,46 @@ def summary(directory: Path) -> dict[str, Any]:
             )
         },
         "custom_code": custom_code,
+        "tokenizer": tokenizer_summary(directory, config.vocab_size, config.max_position_embeddings),
         "files": files,
         "tensors": tensors,
         "parameters": {**counts, "total": counts["backbone"] + counts["heads"]},
     }
+
+
+def tokenizer_summary(directory: Path, vocab_size: int, max_positions: int) -> dict[str, Any] | None:
+    """The tokenizer in `directory` as hfbert builds it, and what in it does not fit the model (`problems`): ids
+    past `vocab_size` (special tokens named first: every text has them), a `model_max_length` past the position
+    embeddings, or why it cannot be built. None when the folder has no tokenizer file."""
+    from hfbert.modeling.tokenizer import BertTokenizer
+
+    files = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
+    if not files:
+        return None
+    facts: dict[str, Any] = {"files": files, "tokens": None, "largest_id": None, "model_max_length": None}
+    try:
+        tokenizer = BertTokenizer.from_pretrained(directory)
+    except (ValueError, OSError) as error:  # ConfigError is a ValueError
+        return {**facts, "problems": [f"cannot be built: {error}"]}
+    ids = tokenizer.get_vocab()
+    limit = tokenizer.model_max_length
+    facts |= {"tokens": len(ids), "largest_id": max(ids.values(), default=None)}
+    facts["model_max_length"] = limit if limit <= _NO_LIMIT_ABOVE else None
+    problems = []
+    special = set(tokenizer.special_tokens.values())
+    past = sorted((token not in special, index, token) for token, index in ids.items() if index >= vocab_size)
+    if past:
+        shown = ", ".join(f"{token!r} = {index}" for _, index, token in past[:4]) + (", ..." if len(past) > 4 else "")
+        problems.append(
+            f"{len(past)} token id(s) past the model's vocab_size {vocab_size} (they index past the word "
+            f"embeddings): {shown}"
+        )
+    if facts["model_max_length"] is not None and limit > max_positions:
+        problems.append(
+            f"model_max_length {limit} is more than the model's max_position_embeddings {max_positions}: texts "
+            "truncated to it can be longer than the model takes"
+        )
+    return {**facts, "problems": problems}
 
 
 def describe(directory: Path) -> str:
@@ -112,6 +151,17 @@ def describe(directory: Path) -> str:
             f"custom code auto_map maps to code hfbert does not run ({shown}): hfbert refuses to load this checkpoint "
             f"unless told its weights are plain BERT (--ignore-auto-map, ignore_auto_map=True)"
         )
+    tokenizer = facts["tokenizer"]
+    if tokenizer is None:
+        lines.append("tokenizer   none in this folder")
+    else:
+        if tokenizer["tokens"] is not None:
+            limit = tokenizer["model_max_length"]
+            lines.append(
+                f"tokenizer   {tokenizer['tokens']} tokens, ids up to {tokenizer['largest_id']} (the model has "
+                f"{c['vocab_size']} rows), model_max_length {'none' if limit is None else limit}"
+            )
+        lines += [f"warning     tokenizer: {problem}" for problem in tokenizer["problems"]]
     lines += ["", "files"]
     for file in facts["files"]:
         note = f"  ({file['not_read']})" if file["not_read"] else ""
