@@ -28,9 +28,11 @@ class Exporter(torch.nn.Module):
         return (output.last_hidden_state, output.pooler_output) if self.pooler else output.last_hidden_state
 
 
-def export_onnx(checkpoint: Path, path: Path, token_type_ids: bool = True, pooler: bool = False) -> Path:
+def export_onnx(
+    checkpoint: Path, path: Path, token_type_ids: bool = True, pooler: bool = False, dynamic: bool = True
+) -> Path:
     """transformers' BertModel (eager attention: the graph ORT's BERT fusions recognise) as ONNX, opset 17, dynamic
-    batch and sequence axes."""
+    batch and sequence axes (`dynamic=False`: fixed at the example's 2 x 16, as an export that names no axes)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its load report lists the heads BertModel leaves out
@@ -56,7 +58,7 @@ def export_onnx(checkpoint: Path, path: Path, token_type_ids: bool = True, poole
             path,
             input_names=names,
             output_names=outputs,
-            dynamic_axes=axes,
+            dynamic_axes=axes if dynamic else None,
             opset_version=17,
             dynamo=False,
         )

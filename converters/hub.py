@@ -25,11 +25,13 @@ import fnmatch
 import hashlib
 import json
 import os
+import posixpath
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from converters.checkpoint_files import PICKLE_INDEX, SAFETENSORS_INDEX, WEIGHT_FILE_PREFERENCE, read_shard_index
 from converters.errors import CheckpointError
@@ -344,12 +346,60 @@ def _record_proof(blob: Path, sha256: str, fingerprint: dict[str, int]) -> None:
         pass
 
 
-def artifact_companion(path: str, name: str) -> bool:
-    """Whether the file `name` is one the artifact file `path` needs beside it (both "/"-separated, relative to one
-    folder): an ONNX file's external data (`model.onnx_data`, `model.onnx.data`), an OpenVINO IR's `.bin`."""
-    if path.endswith(".xml"):
-        return name == path.rsplit(".", 1)[0] + ".bin"
-    return name != path and name.startswith(path) and name.endswith(("_data", ".data"))
+def onnx_external_data(path: Path) -> list[str]:
+    """The files an ONNX graph keeps tensors in, as the graph itself names them: the `location` of every tensor
+    stored outside it (initializers, constants, sparse tensors, in subgraphs and functions too), relative to the
+    graph's folder, in first-use order; whatever they are called (`model.onnx_data`, `weights.bin`, ...). [] for a
+    file onnx cannot read: the engine that loads it says why."""
+    try:
+        import onnx
+    except ImportError:
+        raise CheckpointError(
+            f"{path}: finding the files its external data lies in needs the onnx package: pip install 'hfbert[deploy]'"
+        ) from None
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return []
+    locations: dict[str, None] = {}
+    for tensor in _onnx_tensors(model.graph, model.functions):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+            if location:
+                locations.setdefault(location, None)
+    return list(locations)
+
+
+def _onnx_tensors(graph: Any, functions: Iterable[Any] = ()) -> Iterator[Any]:
+    """Every TensorProto of onnx's GraphProto `graph`, its nodes' attributes and subgraphs, and `functions`' nodes."""
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from graph.initializer
+    for node in [*graph.node, *(node for function in functions for node in function.node)]:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            sparse_tensors = [*attribute.sparse_tensors]
+            if attribute.HasField("sparse_tensor"):
+                sparse_tensors.append(attribute.sparse_tensor)
+            for sparse in sparse_tensors:
+                yield from (sparse.values, sparse.indices)
+            for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
+                yield from _onnx_tensors(subgraph)
+
+
+def artifact_companions(path: Path) -> list[Path]:
+    """The files the artifact file `path` reads beside it: an ONNX graph's external data (`onnx_external_data`: from
+    the graph's own locations, not from file names), an OpenVINO IR's `.bin`. Those that exist. Where the graph
+    names none (no external data, or a file onnx cannot read), the names exporters give external data
+    (`model.onnx_data`, `model.onnx.data`): this list only keeps outputs off files, and those cost nothing to keep."""
+    names: list[str] = []
+    if path.suffix == ".xml":
+        names = [path.with_suffix(".bin").name]
+    elif path.suffix == ".onnx":
+        names = onnx_external_data(path) or [path.name + "_data", path.name + ".data"]
+    return [path.parent / name for name in names if (path.parent / name).is_file()]
 
 
 def download_artifact(
@@ -362,20 +412,37 @@ def download_artifact(
 ) -> Path:
     """A deployment artifact published inside a model repo (`onnx/model_qint8_avx2.onnx`,
     `openvino/openvino_model.xml`, a CTranslate2 folder), with the files it needs beside it (an ONNX file's external
-    data, an IR's `.bin`, a folder's every file), downloaded into the same cache and checked against the same
-    sha256 as the model's own files. Returns the local path of `path`."""
+    data, whatever it is called: the files its graph names; an IR's `.bin`; a folder's every file), downloaded into
+    the same cache and checked against the same sha256 as the model's own files. Returns the local path of `path`."""
     from huggingface_hub import HfApi
 
     path = path.strip("/")
     with hub_errors(repo_id, revision):
         info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
     siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
-    wanted = [
-        name for name in siblings if name == path or name.startswith(path + "/") or artifact_companion(path, name)
-    ]
+    wanted = [name for name in siblings if name == path or name.startswith(path + "/")]
+    if path.endswith(".xml") and path[: -len(".xml")] + ".bin" in siblings:
+        wanted.append(path[: -len(".xml")] + ".bin")
     if not wanted:
         raise CheckpointError(f"{repo_id}@{info.sha}: no file or folder {path!r} in the repository")
     snapshot = Snapshot(directory=Path(), commit=info.sha)
     for filename in sorted(wanted):
         _fetch(repo_id, filename, snapshot, siblings, cache_dir, token)
+    if path.endswith(".onnx") and path in siblings:
+        # Its external data, named by the graph: known only once the graph is here.
+        folder = posixpath.dirname(path)
+        for location in onnx_external_data(snapshot.directory / path):
+            filename = posixpath.normpath(posixpath.join(folder, location.replace("\\", "/")))
+            inside = filename.startswith(f"{folder}/" if folder else "") and ".." not in filename.split("/")
+            if posixpath.isabs(location) or not inside:
+                raise CheckpointError(
+                    f"{repo_id}@{info.sha}: {path} keeps tensors in {location!r}, outside its folder; expected a "
+                    f"file beside it"
+                )
+            if filename not in siblings:
+                raise CheckpointError(
+                    f"{repo_id}@{info.sha}: {path} keeps tensors in {location!r} ({filename}), which is not in the "
+                    f"repository"
+                )
+            _fetch(repo_id, filename, snapshot, siblings, cache_dir, token)
     return snapshot.directory / path

@@ -130,22 +130,18 @@ def parity_command(arguments: argparse.Namespace) -> int:
         from converters.hub import resolve_checkpoint
 
         reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
-    from converters.hub import artifact_companion
+    from converters.hub import artifact_companions
     from hfbert.tools.parity.artifact_paths import resolve_artifact
 
     hub = {"cache_dir": arguments.cache_dir, "token": arguments.token}
     artifacts = [resolve_artifact(path, arguments.model, directory, **hub) for path in arguments.artifact or ()]
-    # A file artifact's inputs include what it reads beside it: an ONNX file's external data, an IR's .bin.
-    artifact_files = [path for path in artifacts if path.is_file()]
-    artifact_files += [
-        sibling
-        for path in artifact_files
-        for sibling in path.parent.iterdir()
-        if sibling.is_file() and artifact_companion(path.name, sibling.name)
-    ]
+    # A file artifact's inputs include what it reads beside it: the external data its ONNX graph names, an IR's .bin.
+    artifact_files = {f"--artifact {path}": path for path in artifacts if path.is_file()}
+    for path in [path for path in artifacts if path.is_file()]:
+        artifact_files.update({f"{file.name} (read by --artifact {path})": file for file in artifact_companions(path)})
     refuse_overwriting_inputs(
         {"--json": arguments.json, "--plot": arguments.plot},
-        {"--texts": arguments.texts, **{f"--artifact {path}": path for path in artifact_files}},
+        {"--texts": arguments.texts, **artifact_files},
         {"MODEL": directory, "--reference": reference, **{f"--artifact {p}": p for p in artifacts if p.is_dir()}},
     )
     refuse_output_over_stdin({"--json": arguments.json, "--plot": arguments.plot}, arguments.texts)
@@ -435,7 +431,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--texts", metavar="FILE", help="your own sentences, one per line; - reads stdin (default: the shipped battery)"
     )
     parity.add_argument(
-        "--batch-size", metavar="N", type=positive_integer, default=8, help="sequences per padded batch (default: 8)"
+        "--batch-size",
+        metavar="N",
+        type=positive_integer,
+        default=8,
+        help="sequences per padded batch (default: 8); where no such batch holds padding, or two sentence pairs of "
+        "other token types (N=1, texts of one length), one batch that does is added",
     )
     parity.add_argument(
         "--reference",

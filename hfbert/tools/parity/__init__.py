@@ -14,6 +14,10 @@ the checkpoint's tokenizer (`hfbert.BertTokenizer`), as five cases:
   `position_ids = cumsum(attention_mask) - 1` (clamped at 0), so real tokens start at position 0 in both;
 - "max length": one sequence exactly `max_position_embeddings` tokens long (the texts repeated, truncated).
 
+The padded cases always hold padding, and "pairs" two rows of other token types: where no batch of `batch_size`
+texts does (a batch size of 1, texts of one length), one batch that does is added (`build_cases`); where the texts
+cannot give one, the case is marked not exercised and the verdict is "untested", never "pass".
+
 What is compared, over real (non-pad) positions only: the embeddings output and every layer's hidden state, the
 pooler (when the checkpoint has one), the attention probabilities of every layer (rows of real query tokens),
 and, when the checkpoint has a masked-LM head (`cls.predictions.*`), the MLM logits and the top-5 token ids at

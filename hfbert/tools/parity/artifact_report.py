@@ -25,18 +25,24 @@ def sentence_line(numbers: dict[str, Any], baseline: dict[str, Any]) -> str:
 
 def artifact_block(check: ArtifactCheck, baseline: dict[str, Any]) -> list[str]:
     """engine, version, precision that ran, CPU ISA; then per output the RMS errors, the ratio against the bound,
-    the median time per batch and the verdict; then the sentence embeddings; then the likely causes."""
+    the median time per batch and the verdict; then the sentence embeddings; then the likely causes, or the batch
+    it could not run."""
     engine = check.engine
     lines = [
         f"artifact   {check.name}" + (f" ({engine.path})" if str(engine.path) != check.name else ""),
-        f"  engine   {engine.engine} {engine.version}, precision {engine.precision}, CPU {check.instruction_set}"
+        f"  engine   {engine.engine} {engine.version}, precision {engine.precision}"
+        + (f" (weights stored as {engine.weights})" if engine.weights else "")
+        + f", CPU {check.instruction_set}"
         + (f"; {'; '.join(engine.notes)}" if engine.notes else ""),
         f"  inputs   {', '.join(engine.inputs)}"
         + ("" if "token_type_ids" in engine.inputs else " (no token_type_ids: fed as segment 0)"),
         f"  verdict  its RMS error vs float64 <= {check.bound:g}x transformers' fp32 own",
-        f"  {'output':<20} {'RMS err':>10} {'transf.':>10} {'ratio':>10} {'max abs':>10} {'min cos':>11}  "
-        f"{'median/batch':>12}  result",
     ]
+    if check.rows:  # none when its first batch could not run
+        lines.append(
+            f"  {'output':<20} {'RMS err':>10} {'transf.':>10} {'ratio':>10} {'max abs':>10} {'min cos':>11}  "
+            f"{'median/batch':>12}  result"
+        )
     for name, row in check.rows.items():
         accuracy = row.total
         result = "pass" if row.passed else "FAIL"
@@ -54,6 +60,10 @@ def artifact_block(check: ArtifactCheck, baseline: dict[str, Any]) -> list[str]:
         lines.append(f"  sentences {sentences}")
     for cause in check.likely_causes():
         lines.append(f"  likely cause: {cause}")
+    if check.error is not None:
+        lines.append(f"  ERROR    {check.error}")
+    if check.untested:
+        lines.append(f"  UNTESTED on {', '.join(check.untested)} (not exercised, see inputs): verdict {check.verdict}")
     return lines
 
 
@@ -67,7 +77,11 @@ def first_failure(checks: list[ArtifactCheck]) -> str | None:
     """'ARTIFACT (OUTPUT, ratio Nx > bound)' of the first failing artifact, or None."""
     for check in checks:
         if not check.passed:
+            if check.error is not None:
+                return f"{check.name} (error: {check.error.removeprefix(check.name + ': ')})"
             output = check.first_failure
+            if output is None and check.untested:
+                return f"{check.name} (untested: {', '.join(check.untested)} not exercised)"
             if output is None:
                 return f"{check.name} (no output compared)"
             return f"{check.name} ({output}, {_ratio(check.rows[output].total.ratio)} > {check.bound:g}x)"

@@ -14,13 +14,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfbert.tools.parity.engines.base import ArtifactEngine
+from hfbert.tools.parity.engines.base import ArtifactEngine, batch_error, reduced_weights_cause
 from hfbert.tools.parity.sentences import CASE, SentenceStats, embed
 from hfbert.tools.parity.statistics import ACCURACY_RATIO, Accuracy, Row
 
 OUTPUTS = ("last_hidden_state", "pooler_output")
 POSITION_EDGES = (0, 16, 64, 128, 256, 512)  # error by position, in these buckets of token positions
 PAIRS = "pairs"
+PADDED = ("right padding", "left padding")
 
 
 @dataclass
@@ -36,12 +37,24 @@ class ArtifactCheck:
     seconds: list[float] = field(default_factory=list)
     instruction_set: str = ""
     vnni: bool = False
+    # Cases whose batches could not hold what they test (cases.py, `Case.exercised`): case -> why. Not "pass" then.
+    untested: dict[str, str] = field(default_factory=dict)
+    position_offset: Any = None  # reference.PositionOffset, where shifted positions fit the failing artifact
+    # The batch the engine could not run (static shapes, a smaller vocabulary), named with the engine's reason: the
+    # artifact's verdict is "error", its later batches are not run, and the other artifacts are still judged.
+    error: str | None = None
 
     def update(
         self, case: str, batch: dict[str, Tensor], theirs: dict[str, Tensor], exact: dict[str, Tensor], pipeline: Any
     ) -> None:
+        if self.error is not None:
+            return
         started = time.perf_counter()
-        outputs = self.engine.run({name: value.cpu() for name, value in batch.items()})
+        try:
+            outputs = self.engine.run({name: value.cpu() for name, value in batch.items()})
+        except Exception as error:  # whatever the engine raises: its message, not its type, says what it expected
+            self.error = batch_error(self.name, case, batch, error)
+            return
         self.seconds.append(time.perf_counter() - started)
         real = batch["attention_mask"].bool().cpu()
         for index, name in enumerate(OUTPUTS):
@@ -82,8 +95,20 @@ class ArtifactCheck:
     # -- the verdict ----------------------------------------------------------------------------------------------
 
     @property
+    def accurate(self) -> bool:
+        """Every output within its bound, on the cases that ran."""
+        return self.error is None and bool(self.rows) and all(row.passed for row in self.rows.values())
+
+    @property
     def passed(self) -> bool:
-        return bool(self.rows) and all(row.passed for row in self.rows.values())
+        return self.accurate and not self.untested
+
+    @property
+    def verdict(self) -> str:
+        """pass, fail, or untested: every output within its bound, but a case could not test what it is there for."""
+        if self.error is not None:
+            return "error"
+        return "fail" if not self.accurate else ("untested" if self.untested else "pass")
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -117,9 +142,10 @@ class ArtifactCheck:
 
     def likely_causes(self) -> list[str]:
         """Causes shown by a measured pattern or a fact of the graph, only for a failing artifact."""
-        if self.passed or not self.rows:
+        if self.accurate or not self.rows or self.error is not None:
             return []
-        causes = []
+        # Found by re-running float64 with shifted positions (reference.position_offset): it explains every case.
+        causes = [self.position_offset.describe()] if self.position_offset is not None else []
         graph = self.engine.graph
         row = self.rows["last_hidden_state"]
         cases = {case: record.ratio for case, record in row.by_case.items()}
@@ -134,6 +160,13 @@ class ArtifactCheck:
             causes.append(
                 f"error only on sentence pairs ({cases[PAIRS]:.3g}x there, at most {others:.3g}x in the other cases): "
                 f"{fact}"
+            )
+        unpadded = [ratio for case, ratio in cases.items() if case not in (*PADDED, PAIRS)]
+        if not causes and set(PADDED) <= failing <= {*PADDED, PAIRS} and unpadded:
+            causes.append(
+                f"error only in the cases with padding ({', '.join(f'{case} {cases[case]:.3g}x' for case in failing)}"
+                f"; at most {max(unpadded):.3g}x without): the attention mask looks ignored (real tokens attend to "
+                f"pads)"
             )
         buckets = [(label, ratio) for label, ratio, count in self.position_ratios() if count >= 8]
         if len(buckets) >= 2 and not causes:
@@ -159,6 +192,9 @@ class ArtifactCheck:
                 causes.append(
                     f"int8 ({what}): activations and weights rounded to 8 bits; judge int8 with --artifact-bound"
                 )
+        reduced = reduced_weights_cause(self.engine)  # fp16 or bf16 weights, whatever precision ran
+        if reduced is not None:
+            causes.append(reduced)
         if not causes:
             cosine = row.total.ours_error.min_cosine
             if cosine < 0.9 and len(failing) == len(cases):
@@ -176,6 +212,7 @@ class ArtifactCheck:
             "engine": self.engine.engine,
             "version": self.engine.version,
             "precision": self.engine.precision,
+            "weights_precision": self.engine.weights,
             "instruction_set": self.instruction_set,
             "inputs": list(self.engine.inputs),
             "notes": self.engine.notes,
@@ -188,7 +225,9 @@ class ArtifactCheck:
             "retrieval_agreement": sentence.get("retrieval_agreement"),
             "retrieval_k": sentence.get("retrieval_k"),
             "median_seconds_per_batch": self.median_seconds,
-            "verdict": "pass" if self.passed else "fail",
+            "verdict": self.verdict,
+            "error": self.error,
+            "untested": self.untested,
             "first_failing_output": self.first_failure,
             "likely_causes": self.likely_causes(),
             "error_by_position": [

@@ -14,7 +14,7 @@ def figure(report: Any) -> Any:
     RMS error against float64 (log scale; hidden states and attention probabilities as separate series,
     hfbert filled, transformers hollow, so that coinciding values stay visible); below, their ratio against
     the report's bound (`accuracy_bound`; where the eps floor allows more, that output's own bound is marked).
-    PASS or FAIL, against which bound, in the title."""
+    PASS, FAIL or UNTESTED, against which bound, in the title."""
     pyplot = import_pyplot()
     floor = 1e-12  # an exact agreement (RMS 0) is drawn here
     accuracy_rows = [row for row in report.rows if isinstance(row.total, Accuracy)]
@@ -134,6 +134,9 @@ def figure(report: Any) -> Any:
         if passing < len(report.artifacts):
             verdict = verdict.replace("PASS: all", "FAIL (artifacts): hfbert's", 1)
         failed = failed or [check.name for check in report.artifacts if not check.passed]
+    if report.untested:  # a case that could not hold what it tests passes nothing (cases.py)
+        verdict = f"UNTESTED ({', '.join(report.untested)} not exercised): {verdict.replace('PASS: ', '', 1)}"
+        failed = failed or list(report.untested)
     figure.suptitle(
         f"{verdict}\n{report.model[-60:]}, {report.device}, {report.dtype}, attention {report.attn}, "
         f"linear {report.linear_kernel}",

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from hfbert.tools.parity.engines.base import TorchEngine
 
 
 @contextmanager
@@ -108,3 +111,55 @@ def float64_twin(model: Any) -> Any:
             if buffer is not None and buffer.is_floating_point():
                 module._buffers[name] = buffer.to(torch.float64)
     return twin.eval()
+
+
+# Position offsets tried when an artifact's token outputs fail: positions counted from 1 (a port that adds an offset
+# BERT does not have), or from 2 (RoBERTa's padding_idx + 1 carried into BERT). Negative offsets would need position
+# -1, which no embedding lookup has.
+POSITION_OFFSETS = (1, 2)
+FITS_BETTER = 10.0  # the shifted float64 run must fit the artifact this many times better in RMS error
+
+
+@dataclass
+class PositionOffset:
+    """Positions shifted by `offset` fit an artifact's last hidden state far better than the battery's positions."""
+
+    offset: int
+    shifted_rms: float  # the artifact's RMS error against float64 run with position_ids + offset
+    plain_rms: float  # ... against float64 at the battery's positions
+
+    def describe(self) -> str:
+        why = "RoBERTa's padding_idx + 1" if self.offset == 2 else "an offset such as RoBERTa's padding_idx"
+        return (
+            f"position ids offset by {self.offset}: the float64 reference run with position_ids + {self.offset} fits "
+            f"the artifact {self.plain_rms / self.shifted_rms:,.0f}x better (RMS error {self.shifted_rms:.3g}, "
+            f"against {self.plain_rms:.3g} at positions from 0): its positions count from {self.offset}, not 0 "
+            f"({why}, carried into a BERT port)"
+        )
+
+
+def position_offset(
+    run: Callable[[dict[str, Tensor]], dict[str, Tensor]],
+    exact: TorchEngine,
+    batch: dict[str, Tensor],
+    max_positions: int,
+) -> PositionOffset | None:
+    """The offset (of POSITION_OFFSETS) for which the float64 reference, run on `batch` (right-padded, no
+    position_ids) with position_ids + offset, fits the last hidden state that `run` (an artifact) gives for
+    `batch` FITS_BETTER times better than with the battery's positions; None when none does."""
+    real = batch["attention_mask"].bool()
+    ours = run(batch)["last_hidden_state"].double()[real]
+
+    def rms(positions: Tensor | None) -> float:
+        shifted = batch if positions is None else {**batch, "position_ids": positions}
+        return float((ours - exact.run(shifted)["last_hidden_state"].double().cpu()[real]).square().mean().sqrt())
+
+    plain = rms(None)
+    width = batch["input_ids"].shape[1]
+    for offset in POSITION_OFFSETS:
+        if width + offset > max_positions:
+            continue
+        shifted = rms((torch.arange(width) + offset).expand_as(batch["input_ids"]))
+        if shifted * FITS_BETTER < plain:
+            return PositionOffset(offset, shifted, plain)
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +40,14 @@ class ParityReport:
     sentence_baseline: dict[str, Any] = field(default_factory=dict)  # transformers fp32's sentence numbers
 
     @property
+    def untested(self) -> dict[str, str]:
+        """The cases whose batches could not hold what they test (padding, pairs of other token types): case -> why.
+        A run with one passes nothing: its verdict is "untested", its exit status 1."""
+        return {case["name"]: case["note"] for case in self.cases if not case.get("exercised", True)}
+
+    @property
     def hfbert_passed(self) -> bool:
-        return all(row.passed for row in self.rows)
+        return all(row.passed for row in self.rows) and not self.untested
 
     @property
     def passed(self) -> bool:
@@ -80,6 +87,7 @@ class ParityReport:
             f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
             *([f"mkl        {self.versions['mkl']}"] if self.versions.get("mkl") and self.device == "cpu" else []),
             f"inputs     {described} sequences; {tokens} real tokens compared per output",
+            *(f"           {case['name']}: {case['note']}" for case in self.cases if case.get("note")),
             f"verdict    {self.rule}",
             "",
             f"{'':<28} {'hfbert vs transformers (' + self.dtype + ')':<46}  {'error vs float64: max abs, RMS':<32}",
@@ -118,6 +126,8 @@ class ParityReport:
             row = next(row for row in self.rows if row.name == first)
             cases = [case for case, record in row.by_case.items() if not record.passed]
             lines.append(f"           in the cases: {', '.join(cases)}")
+        if self.untested:
+            lines.append(f"UNTESTED   {', '.join(self.untested)}: not exercised (see inputs), so nothing passes")
         if self.artifacts:
             from hfbert.tools.parity.artifact_report import artifact_block
 
@@ -135,9 +145,15 @@ class ParityReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON data: every non-finite number (NaN, inf) is None (JSON has no NaN; strict parsers
+        reject the bare NaN that json.dumps writes by default)."""
+        return _finite(self._as_dict())
+
+    def _as_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
             "first_divergence": self.first_divergence,
+            "untested": self.untested,
             "rule": self.rule,
             "accuracy_ratio_bound": self.accuracy_bound,
             "precision": self.precision,
@@ -183,7 +199,7 @@ class ParityReport:
         from converters.atomic_write import atomic_file
 
         with atomic_file(path) as temporary:
-            temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+            temporary.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
     def plot(self, path: str | os.PathLike) -> None:
         """Write `figure()` to an image file (the format from its suffix; png by default), atomically."""
@@ -200,3 +216,14 @@ class ParityReport:
         from hfbert.tools.parity.plot import figure
 
         return figure(self)
+
+
+def _finite(value: Any) -> Any:
+    """`value` (JSON data) with every float that is NaN or infinite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value

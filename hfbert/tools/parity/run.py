@@ -21,7 +21,7 @@ from hfbert.tools.parity.artifacts import ArtifactCheck
 from hfbert.tools.parity.cases import build_cases, default_texts
 from hfbert.tools.parity.compare import _compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
-from hfbert.tools.parity.reference import _no_tf32
+from hfbert.tools.parity.reference import _no_tf32, position_offset
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
 from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline
@@ -161,6 +161,8 @@ def run_parity(
     cases = build_cases(
         tokenizer, list(texts or default_texts()), batch_size, config.max_position_embeddings, config.type_vocab_size
     )
+    for check in checks:
+        check.untested = {case.name: case.note for case in cases if not case.exercised}
 
     def accuracy() -> Accuracy:
         return Accuracy(dtype, tolerance, bound=bound)
@@ -193,17 +195,23 @@ def run_parity(
         bar = Progress(sum(len(case.batches) for case in cases), "parity", "batch", enabled=progress)
         for case in cases:
             bar.set_postfix_str(case.name)
-            for batch in case.batches:
+            for index, batch in enumerate(case.batches):
                 batch = {key: value.to(device) for key, value in batch.items()}
                 kept = _compare_batch(case.name, batch, runners, rows, dtype, bound, attentions=attn == "eager")
+                texts_once = index < len(case.batches) - case.added  # an added batch repeats texts: no sentences
                 for check in checks:
-                    check.update(case.name, batch, *kept, pipeline)
-                if checks and pipeline is not None and case.name == SENTENCE_CASE:
+                    check.update(case.name, batch, *kept, pipeline if texts_once else None)
+                if checks and pipeline is not None and case.name == SENTENCE_CASE and texts_once:
                     mask = batch["attention_mask"]
                     baseline.add(*(embed(pipeline, named["last_hidden_state"], mask) for named in kept))
                 del kept
                 bar.update()
         bar.close()
+        probe = next((case.batches[0] for case in cases if case.name == SENTENCE_CASE), None)
+        for check in checks:
+            row = check.rows.get("last_hidden_state")
+            if probe is not None and row is not None and not row.passed and check.error is None:
+                check.position_offset = position_offset(check.engine.run, exact, probe, config.max_position_embeddings)
     del runners, ours, theirs, exact
     gc.collect()
 

@@ -53,6 +53,29 @@ def reason_of(error: BaseException) -> str:
     return text if len(text) <= 240 else text[:237] + "..."
 
 
+def batch_error(name: str, case: str, batch: dict[str, Tensor], error: BaseException) -> str:
+    """The one line naming an artifact that loaded but could not run a battery batch, the batch, and why."""
+    ids = batch["input_ids"]
+    return (
+        f"{name}: could not run the {case!r} batch ({ids.shape[0]} x {ids.shape[1]} tokens, largest token id "
+        f"{int(ids.max())}): {reason_of(error)}"
+    )
+
+
+def shape_conflict(expected: dict[str, list[int | None]], batch: dict[str, Tensor]) -> str | None:
+    """Which fed input a graph's fixed sizes refuse (`expected`: name -> dims, None where free), or None."""
+    for name, dims in expected.items():
+        got = list(batch[name].shape) if name in batch else None
+        if got is None or (len(dims) == len(got) and all(d is None or d == g for d, g in zip(dims, got, strict=True))):
+            continue
+        shown = ", ".join("?" if d is None else str(d) for d in dims)
+        return (
+            f"{name} expects shape [{shown}], got {got} (an export with fixed sizes: export with dynamic batch and "
+            f"sequence axes)"
+        )
+    return None
+
+
 def check_inputs(path: Path, names: list[str]) -> None:
     """A BERT encoder takes input_ids and at most the other three inputs of `BERT_INPUTS`, by these names."""
     unknown = [name for name in names if name not in BERT_INPUTS]
@@ -111,6 +134,8 @@ class ArtifactEngine:
     forward: Callable[[dict[str, Tensor]], dict[str, Tensor]]  # the engine's own call, on inputs it takes
     graph: dict[str, Any] = field(default_factory=dict)  # facts read from the graph (approximate_gelu, int8, ...)
     notes: list[str] = field(default_factory=list)
+    weights: str = ""  # the precision the weights are stored in, read from the file ("fp32", "fp16", "int8, fp32")
+    weights_remedy: str = ""  # how to store them in fp32 with this engine's tools, for the likely cause
 
     def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         # Right-padded unless it takes position_ids; only the inputs it takes.
@@ -125,19 +150,59 @@ class ArtifactEngine:
         return outputs
 
     def checked(self, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The outputs, as float32 tensors of the shapes a BERT encoder gives, or one error naming the artifact."""
+        """The outputs, as float32 tensors of the shapes a BERT encoder gives, or one error saying what was expected
+        (the caller names the artifact and the batch: `batch_error`)."""
         rows, sequence = batch["input_ids"].shape
         hidden_size = self.hidden_size
         last = outputs["last_hidden_state"]
         if tuple(last.shape) != (rows, sequence, hidden_size):
             raise ArtifactError(
-                f"{self.path}: last_hidden_state of shape {tuple(last.shape)} for a batch of {rows} x {sequence} "
-                f"tokens; expected ({rows}, {sequence}, {hidden_size}) from an encoder of this model"
+                f"last_hidden_state of shape {tuple(last.shape)} for a batch of {rows} x {sequence} tokens; expected "
+                f"({rows}, {sequence}, {hidden_size}) from an encoder of this model"
             )
         pooler = outputs.get("pooler_output")
         if pooler is not None and tuple(pooler.shape) != (rows, hidden_size):
             outputs.pop("pooler_output")  # another second output (not a pooler): not compared
         return {name: value.float() for name, value in outputs.items()}
+
+
+# Weight element types by the engines' names, as one vocabulary. Integer types wider than 16 bits and booleans are
+# shapes, indices and masks, not weights: not counted.
+WEIGHT_TYPES = {
+    "float64": "fp64", "f64": "fp64", "float32": "fp32", "f32": "fp32", "float16": "fp16", "f16": "fp16",
+    "bfloat16": "bf16", "bf16": "bf16", "int16": "int16", "i16": "int16", "int8": "int8", "i8": "int8",
+    "uint8": "uint8", "u8": "uint8", "int4": "int4", "i4": "int4", "uint4": "uint4", "u4": "uint4",
+}  # fmt: skip
+# Weights stored in fewer significant bits than float32's 24: their rounding alone is 2^13 (fp16) or 2^16 (bf16)
+# times float32's.
+REDUCED_FLOATS = {"fp16": 11, "bf16": 8}
+
+
+def weight_precision(counts: dict[str, int]) -> str:
+    """The stored weights' precision from the number of values per element type (engine names, `WEIGHT_TYPES`): the
+    types holding at least 1% of the values, most first ("fp16", "int8, fp32"); "" when nothing was counted."""
+    totals: dict[str, int] = {}
+    for kind, count in counts.items():
+        if kind in WEIGHT_TYPES:
+            totals[WEIGHT_TYPES[kind]] = totals.get(WEIGHT_TYPES[kind], 0) + count
+    whole = sum(totals.values())
+    kept = [kind for kind, count in sorted(totals.items(), key=lambda item: -item[1]) if count >= 0.01 * whole]
+    return ", ".join(kept) if whole else ""
+
+
+def reduced_weights_cause(engine: ArtifactEngine) -> str | None:
+    """The likely cause of a failing artifact whose weights are stored as fp16 or bf16, whatever precision ran."""
+    reduced = [kind for kind in engine.weights.split(", ") if kind in REDUCED_FLOATS]
+    if not reduced:
+        return None
+    kind = reduced[0]
+    bits = REDUCED_FLOATS[kind]
+    mixed = f" (stored: {engine.weights})" if engine.weights != kind else ""
+    return (
+        f"{kind} weights{mixed}: each weight rounded to {bits} significant bits (relative error up to "
+        f"{2.0**-bits:.1e}, float32's 6.0e-08) before the {engine.precision} arithmetic ran; "
+        f"{engine.weights_remedy or 'store them in float32'}, or judge it with --artifact-bound"
+    )
 
 
 class TorchEngine(NamedTuple):

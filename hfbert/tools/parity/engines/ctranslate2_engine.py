@@ -1,11 +1,16 @@
-"""CTranslate2: a converted model folder (`model.bin`, `config.json`) as `ctranslate2.Encoder` on the CPU, at the
-compute type it was converted to. It takes ragged token ids and token types and pads by itself."""
+"""CTranslate2: a converted model folder (`model.bin`, `config.json`) as `ctranslate2.Encoder` on the CPU, with
+compute_type "default": the type it was converted to where the CPU computes in it, else CTranslate2 converts the
+weights at load (float16 and bfloat16 run as float32 on CPUs, whose compute types are int8 and float32; the values
+stay rounded to 16 bits). The report gives both: the weights' precision as model.bin stores them, and the compute
+type that ran. It takes ragged token ids and token types and pads by itself."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import struct
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -18,7 +23,14 @@ import torch
 from torch import Tensor
 
 from hfbert.tools.extras import MissingExtraError
-from hfbert.tools.parity.engines.base import INSTALL_DEPLOY, ArtifactEngine, ArtifactError, installed_version, reason_of
+from hfbert.tools.parity.engines.base import (
+    INSTALL_DEPLOY,
+    ArtifactEngine,
+    ArtifactError,
+    installed_version,
+    reason_of,
+    weight_precision,
+)
 
 NAME = "CTranslate2"
 
@@ -68,6 +80,46 @@ def captured_log(ctranslate2: Any) -> Iterator[Callable[[], list[str]]]:
             ctranslate2.set_log_level(before)
 
 
+# model.bin's variable types by their code: ctranslate2's DataType enum (include/ctranslate2/types.h), the order of
+# ctranslate2.specs.model_spec._dtype_to_type_id, which writes them.
+STORED_TYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
+BINARY_VERSION = 6  # the layout read here (CTranslate2 4.x writes it); another leaves the weights' precision unknown
+
+
+def stored_values(model_bin: Path) -> dict[str, int]:
+    """The number of values per type of the variables in a CTranslate2 model.bin, reading only their headers
+    (version, spec name, revision, count; per variable: name, rank, dims, type code, byte count, then the bytes,
+    skipped); {} for a layout other than `BINARY_VERSION` or a file cut short."""
+    counts: dict[str, int] = {}
+    try:
+        with open(model_bin, "rb") as file:
+
+            def read(layout: str) -> tuple:
+                size = struct.calcsize("<" + layout)
+                data = file.read(size)
+                if len(data) != size:
+                    raise ValueError("cut short")
+                return struct.unpack("<" + layout, data)
+
+            def skip_string() -> None:
+                file.seek(read("H")[0], os.SEEK_CUR)
+
+            if read("I")[0] != BINARY_VERSION:
+                return {}
+            skip_string()
+            read("I")
+            for _ in range(read("I")[0]):
+                skip_string()
+                dims = read(f"{read('B')[0]}I")
+                code, size = read("BI")
+                file.seek(size, os.SEEK_CUR)
+                if code < len(STORED_TYPES):
+                    counts[STORED_TYPES[code]] = counts.get(STORED_TYPES[code], 0) + math.prod(dims)
+    except (OSError, ValueError, struct.error):
+        return {}
+    return counts
+
+
 CHOICES = ("Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S8 backend", "Selected compute type")
 
 
@@ -94,15 +146,17 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
             f"{path}: CTranslate2 cannot load it as an encoder ({reason}); expected a BERT encoder"
         ) from None
     chosen = "; ".join(line.rsplit("] ", 1)[-1].strip(" -") for line in lines if any(c in line for c in CHOICES))
+    weights, ran = weight_precision(stored_values(path / "model.bin")), str(encoder.compute_type)
+    notes = [chosen] if chosen else []
+    if weights and "fp32" not in weights and "float32" in ran:
+        supported = ", ".join(sorted(ctranslate2.get_supported_compute_types("cpu")))
+        notes.append(f"{weights} weights converted to {ran} at load (this CPU's compute types: {supported})")
 
     def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
         lengths = batch["attention_mask"].sum(dim=1).tolist()
         tokens = [row[:length].tolist() for row, length in zip(batch["input_ids"], lengths, strict=True)]
         types = [row[:length].tolist() for row, length in zip(batch["token_type_ids"], lengths, strict=True)]
-        try:
-            output = encoder.forward_batch(tokens, token_type_ids=types)
-        except Exception as error:
-            raise ArtifactError(f"{path}: CTranslate2 failed on a batch ({error}); expected a BERT encoder") from None
+        output = encoder.forward_batch(tokens, token_type_ids=types)  # its errors are named by the caller
         last = torch.from_numpy(numpy.array(output.last_hidden_state))
         if last.dim() == 3 and last.shape[1] < batch["input_ids"].shape[1]:  # padded to its longest only
             last = torch.nn.functional.pad(last, (0, 0, 0, batch["input_ids"].shape[1] - last.shape[1]))
@@ -115,10 +169,12 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         path=path,
         engine=NAME,
         version=installed_version("ctranslate2"),
-        precision=str(encoder.compute_type),
+        precision=ran,
         inputs=("input_ids", "attention_mask", "token_type_ids"),
         hidden_size=hidden_size,
         forward=forward,
-        graph={"int8": ["int8 weights"]} if "int8" in str(encoder.compute_type) else {},
-        notes=[chosen] if chosen else [],
+        graph={"int8": ["int8 weights"]} if "int8" in ran else {},
+        notes=notes,
+        weights=weights,
+        weights_remedy="convert without quantization (ct2-transformers-converter --quantization float32)",
     )

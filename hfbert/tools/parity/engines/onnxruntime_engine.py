@@ -3,6 +3,7 @@ first output) and `pooler_output` where the graph has one."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from hfbert.tools.parity.engines.base import (
     import_engine,
     installed_version,
     reason_of,
+    shape_conflict,
+    weight_precision,
 )
 
 NAME = "ONNX Runtime"
@@ -26,6 +29,8 @@ NAME = "ONNX Runtime"
 APPROXIMATE_GELU = ("FastGelu", "BiasFastGelu", "QuickGelu")
 # Dynamic int8: activations quantized to uint8 at run time, weights int8 (quantize_dynamic's default, QUInt8 x QInt8).
 INT8_OPERATORS = ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul", "QAttention", "QGemm")
+
+NODE_FAILURE = re.compile(r"running (?P<op>\w+) node\. Name:'(?P<name>[^']*)' Status Message: (?P<message>.*)", re.S)
 
 
 def accepts(path: Path) -> bool:
@@ -52,7 +57,7 @@ def graph_facts(path: Path) -> dict[str, Any]:
             approximate.append("Gelu(approximate='tanh')")
     int8 = sorted(operators & set(INT8_OPERATORS))
     float16 = any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in model.graph.initializer)
-    facts: dict[str, Any] = {"operators": sorted(operators)}
+    facts: dict[str, Any] = {"operators": sorted(operators), "weights": weight_precision(_stored_values(onnx, model))}
     if approximate:
         facts["approximate_gelu"] = approximate
     if int8:
@@ -62,11 +67,35 @@ def graph_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
+def _stored_values(onnx: Any, model: Any) -> dict[str, int]:
+    """The number of values per element type of the graph's initializers and Constant nodes (external data is not
+    read: the dims are in the graph)."""
+    names = {
+        onnx.TensorProto.DOUBLE: "float64",
+        onnx.TensorProto.FLOAT: "float32",
+        onnx.TensorProto.FLOAT16: "float16",
+        onnx.TensorProto.BFLOAT16: "bfloat16",
+        onnx.TensorProto.INT16: "int16",
+        onnx.TensorProto.INT8: "int8",
+        onnx.TensorProto.UINT8: "uint8",
+    }
+    tensors = list(model.graph.initializer)
+    constants = [node for node in model.graph.node if node.op_type == "Constant"]
+    tensors += [attribute.t for node in constants for attribute in node.attribute if attribute.name == "value"]
+    counts: dict[str, int] = {}
+    for tensor in tensors:
+        if tensor.data_type in names:
+            kind = names[tensor.data_type]
+            counts[kind] = counts.get(kind, 0) + int(numpy.prod(list(tensor.dims)))
+    return counts
+
+
 def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
     onnxruntime = import_engine("onnxruntime", NAME)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.log_severity_level = 3  # no warnings about unused initializers on stderr
+    # No warnings about unused initializers on stderr, nor error lines: every error reaches the report as an exception.
+    options.log_severity_level = 4
     try:
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:
@@ -92,12 +121,26 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
             raise ArtifactError(f"{path}: input {node.name} is {node.type}; expected integer token ids (int64, int32)")
         types[node.name] = kinds[node.type]
     facts = graph_facts(path)
+    weights = facts.pop("weights", "")
     precision_ran = "int8 (dynamic, u8 x s8)" if "int8" in facts else ("fp16" if facts.get("float16") else "fp32")
     wanted = [last] + (["pooler_output"] if "pooler_output" in names and last != "pooler_output" else [])
 
+    fixed = {node.name: [d if isinstance(d, int) else None for d in node.shape] for node in session.get_inputs()}
+
     def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
         feed = {name: batch[name].numpy().astype(types[name]) for name in inputs}
-        values = session.run(wanted, feed)
+        try:
+            values = session.run(wanted, feed)
+        except Exception as error:
+            conflict = shape_conflict(fixed, batch)
+            if conflict is not None:
+                raise ArtifactError(conflict) from None
+            # "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node.
+            # Name:'...' Status Message: ...": the node and its message, which the prefix would push past a line.
+            failed = NODE_FAILURE.search(str(error))
+            if failed is None:
+                raise
+            raise ArtifactError(f"{failed['op']} node {failed['name']}: {failed['message']}") from None
         named = ("last_hidden_state", "pooler_output")
         return {name: torch.from_numpy(numpy.asarray(value)) for name, value in zip(named, values, strict=False)}
 
@@ -111,4 +154,6 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         graph=facts,
         forward=forward,
         notes=[f"CPUExecutionProvider, graph optimizations {options.graph_optimization_level.name}"],
+        weights=weights,
+        weights_remedy="export the graph with float32 weights (no float16 conversion)",
     )

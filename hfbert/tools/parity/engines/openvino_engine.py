@@ -20,6 +20,8 @@ from hfbert.tools.parity.engines.base import (
     import_engine,
     installed_version,
     reason_of,
+    shape_conflict,
+    weight_precision,
 )
 
 NAME = "OpenVINO"
@@ -30,13 +32,17 @@ def accepts(path: Path) -> bool:
 
 
 def graph_facts(model: Any) -> dict[str, Any]:
-    """An approximate GELU (Gelu with approximation_mode TANH, or a FastGelu-like pattern converted from ONNX) and
-    int8 (FakeQuantize, or int8/uint8 weights), from the IR's operations."""
+    """An approximate GELU (Gelu with approximation_mode TANH, or a FastGelu-like pattern converted from ONNX),
+    int8 (FakeQuantize, or int8/uint8 weights) and the weights' precision (its Constants' element types, by number of
+    values: "fp16" for an IR saved with save_model's default compress_to_fp16=True), from the IR's operations."""
     facts: dict[str, Any] = {}
     types: Counter = Counter()
     for operation in model.get_ordered_ops():
         kind = operation.get_type_name()
         types[kind] += 1
+        if kind == "Constant":
+            element = operation.get_element_type().get_type_name()
+            facts.setdefault("constants", Counter())[element] += int(numpy.prod(list(operation.get_output_shape(0))))
         if kind == "Gelu" and str(operation.get_attributes().get("approximation_mode", "")).upper() == "TANH":
             facts.setdefault("approximate_gelu", []).append("Gelu(approximation_mode=TANH)")
         if kind == "Constant" and operation.get_element_type().get_type_name() in ("i8", "u8", "i4", "u4"):
@@ -44,6 +50,7 @@ def graph_facts(model: Any) -> dict[str, Any]:
         if kind == "FakeQuantize":
             facts["int8"] = ["FakeQuantize"]
     facts["operators"] = sorted(types)
+    facts["weights"] = weight_precision(facts.pop("constants", {}))
     if "approximate_gelu" in facts:
         facts["approximate_gelu"] = sorted(set(facts["approximate_gelu"]))
     return facts
@@ -56,6 +63,13 @@ def _numpy_type(port: Any) -> Any:
     except Exception:
         return numpy.int64
     return kind if kind.kind in "iu" else numpy.int64
+
+
+def _dims(shape: Any) -> list[int | None] | None:
+    """An input's dims, None where free; None for an input of free rank."""
+    if shape.rank.is_dynamic:
+        return None
+    return [dim.get_length() if dim.is_static else None for dim in shape]
 
 
 def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
@@ -93,9 +107,17 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     ports = {port.get_any_name(): port for port in compiled.inputs}
     kinds = {name: _numpy_type(port) for name, port in ports.items()}
 
+    fixed = {name: _dims(port.get_partial_shape()) for name, port in ports.items()}
+
     def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
         feed = {ports[name]: batch[name].numpy().astype(kinds[name], copy=False) for name in inputs}
-        results = request.infer(feed)
+        try:
+            results = request.infer(feed)
+        except Exception:
+            conflict = shape_conflict({name: dims for name, dims in fixed.items() if dims is not None}, batch)
+            if conflict is None:
+                raise
+            raise ArtifactError(conflict) from None
         named = {"last_hidden_state": torch.from_numpy(numpy.array(results[compiled.outputs[index]]))}
         if pooler is not None:
             named["pooler_output"] = torch.from_numpy(numpy.array(results[compiled.outputs[pooler]]))
@@ -103,6 +125,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
 
     hint = f"precision hint {precision}" if precision != "default" else "no precision hint (the CPU's default)"
     int8 = " (int8 weights)" if "int8" in facts else ""
+    weights = facts.pop("weights")
     return ArtifactEngine(
         path=path,
         engine=NAME,
@@ -113,4 +136,6 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         forward=forward,
         graph=facts,
         notes=[f"CPU, {hint}: inference precision {ran}"],
+        weights=weights,
+        weights_remedy="save the IR with openvino.save_model(..., compress_to_fp16=False) (True is its default)",
     )
