@@ -46,8 +46,8 @@ import torch.nn.functional as F
 import hfbert
 from benchmarks import report
 from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
-from hfbert.modeling.cpu import bfloat16_native, instruction_set
-from hfbert.modeling.mkl import mkl_branch
+from hfbert.platform.cpu import bfloat16_native, instruction_set
+from hfbert.platform.mkl import mkl_branch
 from tests.support.checkpoints import bert_base_shapes, random_tensors, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

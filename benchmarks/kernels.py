@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 import hfbert.inference.int8
 import hfbert.inference.packed
-from hfbert.modeling.cpu import cpu_name, instruction_set
+from hfbert.platform.cpu import cpu_name, instruction_set
 
 BERT_BASE_SHAPES = {"query/key/value/attention output": (768, 768), "intermediate": (3072, 768), "output": (768, 3072)}
 

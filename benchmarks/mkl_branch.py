@@ -3,7 +3,7 @@ in processes that take turns.
 
     python -m benchmarks.mkl_branch [--rounds 20] [--threads N] [--json OUT.json]   # about 4 minutes on 2 cores
 
-MKL reads its branch once per process (`hfbert/modeling/mkl.py`), so each setting is a worker process of its own:
+MKL reads its branch once per process (`hfbert/platform/mkl.py`), so each setting is a worker process of its own:
 "default" (MKL_CBWR unset, `HFBERT_MKL_BRANCH=off`) and "AUTO" (MKL_CBWR=AUTO). The workers build the same
 random bert-base weights and inputs, then take turns, round after round, the order alternating: what the machine
 does meanwhile lands on both alike. Each turn times, in the worker:
@@ -15,7 +15,7 @@ does meanwhile lands on both alike. Each turn times, in the worker:
 Prints the CPU, its instruction set and vendor, what MKL says each worker runs, and per cell the median over the
 rounds, AUTO's median over the default's, and in how many rounds AUTO was the faster of the pair (a gain that noise
 made is a coin toss: about half the rounds). Also the cores other processes kept busy: on a shared machine, read
-the rounds won before the medians. hfbert sets AUTO on AMD CPUs without AVX-512 (`hfbert/modeling/mkl.py`); this
+the rounds won before the medians. hfbert sets AUTO on AMD CPUs without AVX-512 (`hfbert/platform/mkl.py`); this
 is the measurement that decides where.
 """
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.busy import cpu_seconds, others_cores
-from hfbert.modeling.cpu import cpu_name, instruction_set
-from hfbert.modeling.mkl import SETTING, SWITCH, USER_SETTINGS, cpu_vendor
+from hfbert.platform.cpu import cpu_name, instruction_set
+from hfbert.platform.mkl import SETTING, SWITCH, USER_SETTINGS, cpu_vendor
 
 SETTINGS = {"default": {SWITCH: "off"}, "AUTO": {SETTING: "AUTO"}}
 PRODUCT_ROWS = (16, 128, 1024)
@@ -56,7 +56,7 @@ def worker(threads: int) -> int:
     import torch.nn.functional as F
 
     import hfbert
-    from hfbert.modeling.mkl import mkl_branch
+    from hfbert.platform.mkl import mkl_branch
 
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the pipe carries answers only

@@ -30,8 +30,8 @@ import hfbert
 from benchmarks.benchmark import batch, interleaved, make_checkpoint, mixed_batches
 from benchmarks.busy import cpu_seconds, others_cores
 from hfbert.inference import packed_layers
-from hfbert.modeling.cpu import cpu_name, instruction_set
-from hfbert.modeling.mkl import mkl_branch
+from hfbert.platform.cpu import cpu_name, instruction_set
+from hfbert.platform.mkl import mkl_branch
 
 MODES = {"plain": None, "optimized": {}, "optimized high": {"precision": "high"}}
 

@@ -45,7 +45,7 @@ import hfbert.inference
 from benchmarks import report
 from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
 from hfbert.inference.optimize import ACCURACY_BOUNDS
-from hfbert.modeling.cpu import CAPS, cpu_name, instruction_set
+from hfbert.platform.cpu import CAPS, cpu_name, instruction_set
 from hfbert.tools.parity import DTYPES, Accuracy, default_texts, load_reference
 from tests.support.checkpoints import write_bert_base_layout, write_bert_large_shape
 

@@ -41,7 +41,7 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 Each batch's shape is compiled once before the clock starts (as a warm-up compiles it); the shapes,
                 their compile times and which batches ran eager instead (mostly padding) are recorded.
   hfbert bf16   `BertModel.from_pretrained(..., dtype=torch.bfloat16)` + `optimize_for_inference`, only where the
-                CPU computes bf16 natively (`hfbert.modeling.cpu.bfloat16_native()`); skipped where it is emulated.
+                CPU computes bf16 natively (`hfbert.platform.cpu.bfloat16_native()`); skipped where it is emulated.
   transformers  BertModel, attn_implementation="sdpa", eval, no_grad.
   ONNX Runtime  transformers' BertModel exported by torch.onnx.export (TorchScript exporter, eager attention: the
                 graph ORT's BERT fusions recognise; the dynamo exporter's graph, or sdpa attention, fuses no
@@ -130,8 +130,8 @@ from benchmarks.report import ENGINES, HFBERT_ENGINES, PEERS
 from hfbert.inference import packed_layers
 from hfbert.inference.compiled import compile_report, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
-from hfbert.modeling.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
-from hfbert.modeling.mkl import SETTING, SWITCH, mkl_branch
+from hfbert.platform.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
+from hfbert.platform.mkl import SETTING, SWITCH, mkl_branch
 from hfbert.tools.parity.engines.ctranslate2_engine import captured_log, import_ctranslate2
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
@@ -264,7 +264,7 @@ def transformers_engine(checkpoint: Path) -> Engine:
 
 def transformers_default_engine(checkpoint: Path, threads: int) -> Engine:
     """transformers as users run it without hfbert: MKL's default branch (MKL_CBWR unset), where this process runs
-    another (`hfbert.modeling.mkl`). MKL reads its setting once per process, so this engine is a process of its own
+    another (`hfbert.platform.mkl`). MKL reads its setting once per process, so this engine is a process of its own
     (`transformers_worker`), sent each batch once before the clock starts and asked to run it at each call (the
     output comes back pickled through a pipe, as part of the time: well under 1% of a call here)."""
     here = mkl_branch()

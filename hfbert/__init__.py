@@ -16,12 +16,12 @@ from hfbert.modeling.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from hfbert.modeling.mkl import use_fast_branch
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.outputs import BertModelOutput
 from hfbert.modeling.pretrained import BertPreTrainedModel
+from hfbert.platform.mkl import use_fast_branch
 
-# Before anything computes: MKL's fast branch on AMD CPUs, chosen at MKL's first product (modeling/mkl.py).
+# Before anything computes: MKL's fast branch on AMD CPUs, chosen at MKL's first product (platform/mkl.py).
 use_fast_branch()
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 - Every repository path a Markdown page names in inline code (`hfbert/modeling/model.py`, `tests/test_docs.py`,
   a bare `outputs.py` listed after a path in its folder) and every `python -m` module it names exists.
-- The floors: converters/ < hfbert/modeling/ < hfbert/inference/ < hfbert/tools/ < hfbert/cli.py. A module imports
-  only from its own floor or those below it, imports inside functions included; no modules import each other in a
-  cycle.
+- The floors: converters/ and hfbert/platform/ (the ground floor) < hfbert/modeling/ < hfbert/inference/ <
+  hfbert/tools/ < hfbert/cli.py < benchmarks/. A module imports only from its own floor or those below it, imports
+  inside functions included; no modules import each other in a cycle.
 """
 
 from __future__ import annotations
@@ -21,11 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # Paths in the docs that belong to another repository, and whose.
 FOREIGN_PATHS = {"tests/models/bert/test_modeling_bert.py": "transformers' BERT tests"}
 
-# Lowest first. The package root `hfbert` (its public API exports optimize_for_inference) stands on the inference
-# floor; `python -m hfbert` on the command line's.
-FLOORS = ["converters", "hfbert.modeling", "hfbert.inference", "hfbert.tools", "hfbert.cli"]
-FLOOR_OF_MODULE = {"hfbert": "hfbert.inference", "hfbert.__main__": "hfbert.cli"}
-PACKAGES = ("converters", "hfbert")
+# Each room's floor, the ground floor 0. The package root `hfbert` (its public API exports optimize_for_inference)
+# stands on the inference floor; `python -m hfbert` on the command line's. The benchmarks may import the package,
+# never the reverse.
+FLOORS = {
+    "converters": 0,
+    "hfbert.platform": 0,
+    "hfbert.modeling": 1,
+    "hfbert.inference": 2,
+    "hfbert.tools": 3,
+    "hfbert.cli": 4,
+    "benchmarks": 5,
+}
+ROOM_OF_MODULE = {"hfbert": "hfbert.inference", "hfbert.__main__": "hfbert.cli"}
+PACKAGES = ("converters", "hfbert", "benchmarks")
 
 
 # -- names in the docs ---------------------------------------------------------------------------------------------
@@ -118,19 +127,23 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, 
     return found
 
 
-def floor(module: str) -> int:
-    named = FLOOR_OF_MODULE.get(module) or next(
-        (prefix for prefix in reversed(FLOORS) if module == prefix or module.startswith(prefix + ".")), None
-    )
+def room(module: str) -> str:
+    """The room (a key of FLOORS) a module stands in: the longest that holds it."""
+    inside = [prefix for prefix in FLOORS if module == prefix or module.startswith(prefix + ".")]
+    named = ROOM_OF_MODULE.get(module) or max(inside, key=len, default=None)
     if named is None:
-        raise AssertionError(f"{module} stands on no floor: put it in one of {FLOORS}")
-    return FLOORS.index(named)
+        raise AssertionError(f"{module} stands on no floor: put it in one of {list(FLOORS)}")
+    return named
+
+
+def floor(module: str) -> int:
+    return FLOORS[room(module)]
 
 
 def upward_imports(root: Path) -> list[str]:
     known = module_files(root)
     return [
-        f"{path.relative_to(root)}:{line} imports {target} ({FLOORS[floor(target)]} is above {FLOORS[floor(module)]})"
+        f"{path.relative_to(root)}:{line} imports {target} ({room(target)} is above {room(module)})"
         for module, path in known.items()
         for target, line in imports(module, path, known)
         if floor(target) > floor(module)
@@ -197,11 +210,17 @@ def test_an_import_inside_a_function_or_relative_counts(tmp_path):
             "hfbert/modeling/config.py": "from . import model\n",
             "hfbert/modeling/model.py": "from .config import BertConfig\nfrom ..tools import embed\n",
             "hfbert/tools/__init__.py": "",
-            "hfbert/tools/embed.py": "",
+            "hfbert/tools/embed.py": "import benchmarks.peers\n",
+            "hfbert/platform/__init__.py": "",
+            "hfbert/platform/cpu.py": "import converters.reading\nfrom hfbert.modeling import config\n",
+            "benchmarks/__init__.py": "",
+            "benchmarks/peers.py": "",
         },
     )
     assert upward_imports(tmp_path) == [
         "converters/reading.py:2 imports hfbert.modeling.config (hfbert.modeling is above converters)",
         "hfbert/modeling/model.py:2 imports hfbert.tools.embed (hfbert.tools is above hfbert.modeling)",
+        "hfbert/platform/cpu.py:2 imports hfbert.modeling.config (hfbert.modeling is above hfbert.platform)",
+        "hfbert/tools/embed.py:1 imports benchmarks.peers (benchmarks is above hfbert.tools)",
     ]
     assert import_cycles(tmp_path) == [["hfbert.modeling.config", "hfbert.modeling.model"]]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import hfbert
-import hfbert.modeling.cpu
+import hfbert.platform.cpu
 import hfbert.tools.progress
 from hfbert.cli import build_parser, main
 
@@ -104,8 +104,8 @@ def test_no_text_is_a_usage_error(tiny_mlm, tmp_path, capsys):
 
 def test_emulated_bfloat16_warning_is_one_line(tiny_mlm, capsys, monkeypatch):
     """On a CPU without native bf16 the warning is one line on stderr, not Python's path:line: Category + source."""
-    monkeypatch.setattr(hfbert.modeling.cpu, "bfloat16_native", lambda: False)
-    monkeypatch.setattr(hfbert.modeling.cpu, "_warned_about_bfloat16", False)
+    monkeypatch.setattr(hfbert.platform.cpu, "bfloat16_native", lambda: False)
+    monkeypatch.setattr(hfbert.platform.cpu, "_warned_about_bfloat16", False)
     assert main(["fill-mask", str(tiny_mlm), "a [MASK] day", "--dtype", "bfloat16", "--json"]) == 0
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.strip()]

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import hfbert
-import hfbert.modeling.cpu
+import hfbert.platform.cpu
 from hfbert.inference import packed_layers
 from hfbert.inference.packed import PackedLinear, packing_supported
 
@@ -203,7 +203,7 @@ def test_the_tied_decoder_and_small_heads_stay_plain(bert_base_safetensors_dir):
     assert "classifier" not in packed_layers(classifier) and "bert.pooler.dense" in packed_layers(classifier)
 
 
-@pytest.mark.skipif("avx2" not in hfbert.modeling.cpu.cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap")
+@pytest.mark.skipif("avx2" not in hfbert.platform.cpu.cpu_flags(), reason="not an x86 CPU with AVX2: nothing to cap")
 def test_bfloat16_warns_once_where_the_cpu_emulates_it():
     script = (
         "import warnings, torch, hfbert\n"
@@ -222,7 +222,7 @@ def test_bfloat16_warns_once_where_the_cpu_emulates_it():
 
 
 def test_bfloat16_does_not_warn_where_the_cpu_computes_it():
-    if not hfbert.modeling.cpu.bfloat16_native():
+    if not hfbert.platform.cpu.bfloat16_native():
         pytest.skip("this CPU emulates bf16: the warning is right here")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -232,7 +232,7 @@ def test_bfloat16_does_not_warn_where_the_cpu_computes_it():
 def _environment() -> dict[str, str]:
     import os
 
-    return {key: value for key, value in os.environ.items() if key not in hfbert.modeling.cpu.CAPS}
+    return {key: value for key, value in os.environ.items() if key not in hfbert.platform.cpu.CAPS}
 
 
 PEAK_MEMORY = """
@@ -300,7 +300,7 @@ def test_optimize_for_inference_keeps_freed_activations_instead_of_faulting_them
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="keep_freed_memory sets glibc's malloc only")
 def test_malloc_settings_of_the_process_owner_win():
-    script = "from hfbert.inference.allocator import keep_freed_memory; print(keep_freed_memory())"
+    script = "from hfbert.platform.allocator import keep_freed_memory; print(keep_freed_memory())"
     environment = {**_environment(), "MALLOC_TRIM_THRESHOLD_": "131072"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     assert result.returncode == 0, result.stderr[-2000:]

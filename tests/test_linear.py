@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 import hfbert
 import hfbert.inference
 from hfbert.inference.packed import PackedLinear, packing_supported
-from hfbert.modeling.cpu import cpu_flags
+from hfbert.platform.cpu import cpu_flags
 
 from support.checkpoints import write_bert_base_layout
 from support.helpers import Accuracy, make_batches, minilm_directory

@@ -1,4 +1,4 @@
-"""MKL's fast branch on AMD CPUs (`hfbert/modeling/mkl.py`): `import hfbert` sets `MKL_CBWR=AUTO` where it pays,
+"""MKL's fast branch on AMD CPUs (`hfbert/platform/mkl.py`): `import hfbert` sets `MKL_CBWR=AUTO` where it pays,
 never over a user's own setting, not with `HFBERT_MKL_BRANCH=off`, not on other vendors, and says so where MKL had
 already run. Either way the model stays as accurate as transformers against float64: each setting in a fresh
 process (MKL reads it once per process), outputs compared element-wise with transformers fp32 and by RMS error with
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import hfbert.modeling.mkl as mkl
+import hfbert.platform.mkl as mkl
 
 ROOT = Path(__file__).resolve().parents[1]
 has_mkl = pytest.mark.skipif(mkl._cbwr_get() is None, reason="this torch links no MKL that can be asked its branch")
@@ -25,10 +25,10 @@ WORKER = r"""
 import json, os, sys
 import torch
 import hfbert
-import hfbert.modeling.mkl as mkl
+import hfbert.platform.mkl as mkl
 from support.helpers import Accuracy, make_batches
 if sys.argv[1] == "force":
-    mkl._reason = None
+    mkl.STATE.reason = None
     mkl.cpu_vendor = lambda: "AuthenticAMD"
     mkl.use_fast_branch()
 import transformers
@@ -97,7 +97,7 @@ def test_import_hfbert_runs_no_product_before_choosing_the_branch():
     """Whatever `import hfbert` loads, MKL has not read its setting yet after it (where hfbert leaves it unset: the
     off switch), so a user or a tool can still set it."""
     code = (
-        "import os, hfbert, hfbert.inference, hfbert.modeling.mkl as mkl\n"
+        "import os, hfbert, hfbert.inference, hfbert.platform.mkl as mkl\n"
         "os.environ['MKL_CBWR'] = 'AUTO'\n"
         "print(mkl._cbwr_get()(1))"
     )
@@ -111,7 +111,7 @@ def test_import_hfbert_runs_no_product_before_choosing_the_branch():
 @pytest.fixture
 def fresh(monkeypatch):
     """mkl.py as before `import hfbert` ran it, on a clean environment."""
-    monkeypatch.setattr(mkl, "_reason", None)
+    monkeypatch.setattr(mkl, "STATE", mkl.BranchState())
     for name in (*mkl.USER_SETTINGS, mkl.SWITCH):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
@@ -127,19 +127,19 @@ def fresh(monkeypatch):
 def test_other_cpus_keep_mkls_default(fresh, vendor, reason):
     fresh.setattr(mkl, "cpu_vendor", lambda: vendor)
     mkl.use_fast_branch()
-    assert mkl._reason == reason and "MKL_CBWR" not in os.environ and not mkl.started_too_late()
+    assert mkl.STATE.reason == reason and "MKL_CBWR" not in os.environ and not mkl.started_too_late()
 
 
 def test_the_off_switch_and_a_users_setting_win(fresh):
     fresh.setattr(mkl, "cpu_vendor", lambda: "AuthenticAMD")
     fresh.setenv("HFBERT_MKL_BRANCH", "OFF")
     mkl.use_fast_branch()
-    assert mkl._reason == "HFBERT_MKL_BRANCH=off" and "MKL_CBWR" not in os.environ
-    fresh.setattr(mkl, "_reason", None)
+    assert mkl.STATE.reason == "HFBERT_MKL_BRANCH=off" and "MKL_CBWR" not in os.environ
+    fresh.setattr(mkl, "STATE", mkl.BranchState())
     fresh.delenv("HFBERT_MKL_BRANCH")
     fresh.setenv("MKL_CBWR", "AVX2,STRICT")
     mkl.use_fast_branch()
-    assert mkl._reason == "MKL_CBWR=AVX2,STRICT set in the environment" and os.environ["MKL_CBWR"] == "AVX2,STRICT"
+    assert mkl.STATE.reason == "MKL_CBWR=AVX2,STRICT set in the environment" and os.environ["MKL_CBWR"] == "AVX2,STRICT"
 
 
 @has_mkl
@@ -147,12 +147,12 @@ def test_where_mkl_has_already_run_it_says_so():
     """A process where torch computed a product before hfbert could choose (here: hfbert switched off at import,
     then on): too late to choose, and said, not hidden; the warning once, pointing at its caller."""
     code = (
-        "import os, warnings, torch, hfbert, hfbert.modeling.mkl as mkl\n"
+        "import os, warnings, torch, hfbert, hfbert.platform.mkl as mkl\n"
         "torch.nn.functional.linear(torch.randn(64, 64), torch.randn(64, 64))\n"
         "del os.environ[mkl.SWITCH]\n"
-        "mkl._reason, mkl.cpu_vendor = None, lambda: 'AuthenticAMD'\n"
+        "mkl.STATE.reason, mkl.cpu_vendor = None, lambda: 'AuthenticAMD'\n"
         "mkl.use_fast_branch()\n"
-        "assert mkl.started_too_late() and 'MKL_CBWR' not in os.environ, mkl._reason\n"
+        "assert mkl.started_too_late() and 'MKL_CBWR' not in os.environ, mkl.STATE.reason\n"
         "branch = mkl.mkl_branch()\n"
         "assert branch.startswith('MKL default (MKL had already run') and 'export MKL_CBWR=AUTO' in branch, branch\n"
         "with warnings.catch_warnings(record=True) as caught:\n"

@@ -23,7 +23,7 @@ import torch
 import hfbert
 import hfbert.inference.packed
 import hfbert.modeling.activations
-import hfbert.modeling.cpu
+import hfbert.platform.cpu
 from hfbert.cli import main
 
 from support.checkpoints import write_bert_base_layout, write_bert_large_shape
@@ -80,7 +80,7 @@ def test_real_minilm_passes_with_full_report(tmp_path, capsys):
     assert report["passed"] is True and report["first_divergence"] is None
     assert (report["device"], report["dtype"], report["attn"], report["tolerance"]) == ("cpu", "float32", "sdpa", None)
     assert report["linear_kernel"] == "F.linear"  # the default: transformers' kernel
-    assert report["instruction_set"] == hfbert.modeling.cpu.instruction_set() and report["instruction_set"] in output
+    assert report["instruction_set"] == hfbert.platform.cpu.instruction_set() and report["instruction_set"] in output
     import transformers
 
     assert report["versions"]["transformers"] == transformers.__version__

@@ -31,7 +31,7 @@ from hfbert.inference.int8 import (
     quantize_activation,
     quantize_weight,
 )
-from hfbert.modeling.cpu import CAPS, cpu_flags
+from hfbert.platform.cpu import CAPS, cpu_flags
 
 from support.helpers import minilm_directory
 

@@ -5,13 +5,13 @@
 - `measured.py`: which kernel is faster here, timed once per process, shape and row count;
 - `swapped.py`: the one swap protocol (same parameters, build then swap, restore), the one per-call gate "kernel or
   plain", the form's cache that follows the parameters, `refresh(model)`;
-- `onednn.py`: torch's private oneDNN ops, looked up defensively;
 - `packed.py`: the fp32 oneDNN products (blocked and whole-width kernels) and `PackedLinear`;
 - `int8.py`: the int8 product (int8 weights, activations quantized per token), its kernel and `Int8Linear`;
 - `fused.py`: blocks computed as one product, each taking its projection's kernel as a value (the fast fp32 mode;
   int8 attention is its attention block with the int8 kernel);
-- `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes;
-- `allocator.py`: keep freed activation memory in the process between forwards.
+- `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes.
+
+What they ask of the machine (the instruction set, oneDNN's ops, the allocator) is in `hfbert.platform`.
 
 `hfbert.modeling` never imports this floor: the model is plain PyTorch, and nothing here changes its parameters.
 """

@@ -47,9 +47,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfbert.inference.onednn import onednn_ops
 from hfbert.inference.packed import can_pack
 from hfbert.inference.swapped import InferenceLinear, Kernel
+from hfbert.platform.onednn import onednn_ops
 
 
 def _ops() -> tuple[Any, Any] | None:

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfbert.inference.measured import Candidate
-from hfbert.inference.onednn import onednn_ops
 from hfbert.inference.swapped import InferenceLinear, Kernel
-from hfbert.modeling.cpu import bfloat16_native
+from hfbert.platform.cpu import bfloat16_native
+from hfbert.platform.onednn import onednn_ops
 
 PACKED_BLOCK = 192
 # oneDNN costs about 25 us more per call than F.linear: smaller layers (a classifier's few outputs) stay nn.Linear.

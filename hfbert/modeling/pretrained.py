@@ -19,7 +19,7 @@ from converters.loading import check_requested_dtype
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.modeling.checkpointing import Checkpointing
 from hfbert.modeling.config import BertConfig
-from hfbert.modeling.cpu import warn_if_emulated_bfloat16
+from hfbert.platform.cpu import warn_if_emulated_bfloat16
 
 
 class BertPreTrainedModel(nn.Module):

@@ -22,7 +22,7 @@ class ParityReport:
     dtype: str
     attn: str
     linear_kernel: str  # what hfbert's linear layers ran on: "F.linear", "oneDNN, packed" or "oneDNN"
-    instruction_set: str  # of the CPU kernels (hfbert.modeling.cpu.instruction_set())
+    instruction_set: str  # of the CPU kernels (hfbert.platform.cpu.instruction_set())
     tolerance: float | None  # the optional absolute bound on the distance to transformers
     num_layers: int
     versions: dict[str, str]

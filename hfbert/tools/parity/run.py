@@ -87,9 +87,9 @@ def run_parity(
     from converters.key_map import MLM_HEAD, head_of, normalize_name
     from converters.loading import check_auto_map
     from hfbert.modeling.config import BertConfig
-    from hfbert.modeling.cpu import cpu_name, instruction_set
-    from hfbert.modeling.mkl import mkl_branch
     from hfbert.modeling.tokenizer import BertTokenizer
+    from hfbert.platform.cpu import cpu_name, instruction_set
+    from hfbert.platform.mkl import mkl_branch
 
     started = time.perf_counter()
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
@@ -185,9 +185,9 @@ def run_parity(
     from hfbert.tools.progress import Progress
 
     if torch.device(device).type == "cpu":
-        # Freed memory kept for the next batch, process-wide (hfbert.inference.allocator): without it, every cast of
+        # Freed memory kept for the next batch, process-wide (hfbert.platform.allocator): without it, every cast of
         # the float64 reference's weights and every large output faults its pages in anew (3x slower).
-        from hfbert.inference.allocator import keep_freed_memory
+        from hfbert.platform.allocator import keep_freed_memory
 
         keep_freed_memory()
     with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad():
@@ -250,7 +250,7 @@ def run_parity(
 def has_vnni() -> bool:
     """Whether the CPU multiplies u8 x s8 with VNNI (AVX512_VNNI or AVX_VNNI): without it, the products of
     dynamically quantized int8 graphs saturate in 16 bits."""
-    from hfbert.modeling.cpu import cpu_flags
+    from hfbert.platform.cpu import cpu_flags
 
     flags = cpu_flags()
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))

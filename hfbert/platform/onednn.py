@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hfbert.modeling.cpu import X86
+from hfbert.platform.cpu import X86
 
 
 @functools.cache
