@@ -21,8 +21,9 @@ BATCH_BUCKETS x SEQUENCE_BUCKETS (pad tokens, masked out), and its outputs are c
 positions zero as in the eager padding-free path. Calls whose padding would take more than a quarter of the
 padded shape run the eager int8 model instead: there the eager padding-free path, which computes real tokens only,
 is faster than any padded computation; so do calls the compiled graph does not cover (training, gradients,
-autocast, `output_attentions`, `inputs_embeds`, a device other than the CPU, a forward hook on any module inside,
-added before or after compiling: it runs, and sees its module's own call).
+forward-mode AD and `torch.func`'s transforms, autocast, `output_attentions`, `inputs_embeds`, a device other than
+the CPU, a forward hook on any module inside, added before or after compiling: it runs, and sees its module's own
+call).
 
 The compiled function is the model's own forward, called with the padded tensors and the call's other arguments;
 this file pads and cuts, nothing more. While it traces, the flag that lets the int8 modules trace their kernels
@@ -30,8 +31,8 @@ this file pads and cuts, nothing more. While it traces, the flag that lets the i
 or of any other model traces the plain computation.
 
 The weights are folded into the compiled graph: when any parameter changes (an optimizer step, `load_state_dict`,
-`hfbert.inference.refresh(model)` after `.data` writes), the next call builds the int8 forms again and compiles
-anew. `compile_report(model)` lists the shapes compiled so far and the seconds each took.
+a `.data` write that `swapped.Fingerprint` sees, `hfbert.inference.refresh(model)`), the next call builds the int8
+forms again and compiles anew. `compile_report(model)` lists the shapes compiled so far and the seconds each took.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-from hfbert.inference.swapped import Swapped, hooked, swapped_modules, weight_key
+from hfbert.inference.swapped import Swapped, hooked, swapped_modules, transformed, weight_key
 from hfbert.modeling.inputs import check_inputs
 from hfbert.modeling.model import BertModel, wants_tuple
 from hfbert.modeling.outputs import BertModelOutput
@@ -137,6 +138,7 @@ class CompiledForward:
             model.training
             or torch.compiler.is_compiling()  # a user's torch.compile of the model traces the plain computation
             or torch.jit.is_tracing()
+            or transformed()  # forward-mode AD, torch.func's transforms: the eager gate runs them plain
             or torch.is_grad_enabled()
             or torch.is_autocast_enabled("cpu")
             or _or(given.get("output_attentions"), model.config.output_attentions)

@@ -65,6 +65,10 @@ class FusedBlock(Swapped):
     def build_form(self) -> Any:
         return self.kernel.build(*fused_parameters(self.inner_modules()))
 
+    def fingerprinted(self) -> tuple[Tensor | None, ...]:
+        # One projection's bias is held itself (`fused_parameters`); several are concatenated, a copy.
+        return self.form_parameters() if len(self.inner_modules()) > 1 else (self.inner_modules()[0].weight,)
+
     @staticmethod
     def linears(block: nn.Module) -> tuple[nn.Module, ...]:
         """The modules of `block` that its fused product computes."""

@@ -20,8 +20,10 @@ Three modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-c
 
 Each mode is a row of MODES, its steps in order. The arguments are checked in one place, and everything a mode
 needs (a C++ compiler, a model it can compile) before anything changes: a refused call changes nothing, and a call
-that fails while swapping puts every module back. `inference_mode_of(model)` says which mode was applied and,
-where its kernels cannot run on this CPU or on the model's dtype or device, why (the call also warns).
+that fails while swapping puts every module back. `inference_mode_of(model)` says which mode was applied and what
+runs now: where its kernels cannot run on this CPU or on the model's dtype or device, why (the call also warns);
+after `.half()`, `.to("meta")` or PEFT's wrappers, which swapped layers or blocks run their plain computation, and
+why.
 
 Which kernel is faster depends on the CPU and on the rows per product (oneDNN's packed product beats MKL's sgemm at
 few rows and on AVX-512, and loses to it on Zen 3's AVX2 at many): in the fp32 modes every candidate layer or block
@@ -45,12 +47,14 @@ stay as they are. Where the kernels cannot run (GPU, fp16/fp64, bf16 on CPUs tha
 oneDNN, non-x86 CPUs) nothing is swapped, the model runs as before and the call warns: `packed_layers(model)` says
 what was swapped, `inference_mode_of(model)` why nothing was.
 
-The forms follow the parameters (`swapped.py` says how); after writing weights through `.data`, which nothing can
-see, call `refresh(model)`.
+The forms follow the parameters (`swapped.py` says how), `.data` writes and PEFT's `merge_and_unload()` included
+(a sample of each parameter is compared at every call that runs a kernel); after a `.data` write that changes only
+a few elements, which that sample may miss, call `refresh(model)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -59,15 +63,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hfbert.inference.allocator import keep_freed_memory
 from hfbert.inference.compiled import check_compiler, compile_forward, compile_target, uncompile
 from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, FusedSelfAttention, block_candidates
 from hfbert.inference.int8 import INT8, Int8Linear, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
 from hfbert.inference.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, linear_candidates, packing_supported
-from hfbert.inference.swapped import Swapped
-from hfbert.modeling.mkl import warn_if_too_late
+from hfbert.inference.swapped import Swapped, swapped_modules
 from hfbert.modeling.model import BertSelfAttention
+from hfbert.platform.allocator import keep_freed_memory
+from hfbert.platform.mkl import warn_if_too_late
 
 QUANTIZATIONS = ("int8",)
 # Each precision's contract: RMS error against float64, on every output, at most this many times transformers' own
@@ -94,14 +98,17 @@ class Mode:
 
 @dataclass(frozen=True)
 class AppliedMode:
-    """What `optimize_for_inference` applied to a model (`inference_mode_of`)."""
+    """What `optimize_for_inference` applied to a model, and what runs now (`inference_mode_of`)."""
 
     mode: str  # a name of MODES: "fp32", "fp32 high", "int8", "int8 compiled"
     kernels: str  # "measured" or "always"
-    swapped: int  # how many layers and blocks run a kernel (at some row counts at least)
-    unavailable: str | None = None  # why its kernels run nowhere in this model, where they cannot
+    swapped: int  # how many layers and blocks run a kernel now (at some row counts at least)
+    unavailable: str | None = None  # why its kernels could run nowhere in this model when it was applied
+    plain: str | None = None  # which swapped layers or blocks run their plain computation now, and why
 
     def __str__(self) -> str:
+        if self.plain is not None:
+            return f"{self.mode} (kernels={self.kernels!r}): {self.swapped} layers or blocks run a kernel; {self.plain}"
         said = f"{self.mode} (kernels={self.kernels!r}): {self.swapped} layers or blocks swapped"
         return said if self.unavailable is None else f"{said}; {self.unavailable}"
 
@@ -130,7 +137,7 @@ def optimize_for_inference(
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
     stays plain and the call warns; `inference_mode_of(model)` says what was applied. On an AMD CPU where hfbert
     would run MKL's faster branch but MKL had already run before `import hfbert`, it warns once, naming the setting
-    (`hfbert.modeling.mkl`)."""
+    (`hfbert.platform.mkl`)."""
     mode = MODES[_mode_key(quantize, precision, kernels, compile)]
     warn_if_too_late()  # MKL's products are the plain computation every kernel is measured against
     if compile:
@@ -197,7 +204,7 @@ class _AllOrNothing:
         self.children = [(module, dict(module._modules)) for module in self.model.modules()]
         self.training = [(module, module.training) for module in self.model.modules()]
         self.forwards = [(module, module.__dict__.get("forward")) for module in self.model.modules()]
-        self.applied = inference_mode_of(self.model)
+        self.applied = self.model.__dict__.get("_hfbert_inference_mode")  # the record, not what runs now
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:
@@ -329,8 +336,44 @@ def packed_layers(model: nn.Module) -> dict[str, str]:
 
 def inference_mode_of(model: nn.Module) -> AppliedMode | None:
     """What `optimize_for_inference` applied to `model` (its mode, and why its kernels run nowhere where they
-    cannot); None for a model it did not optimize (or `restore_weights` restored)."""
-    return model.__dict__.get("_hfbert_inference_mode")
+    cannot) and what runs now: after `.half()`, `.to("meta")`, `.double()`, training mode or PEFT's wrappers around
+    a fused block's projections, the swapped layers or blocks that run their plain computation, and why. None for a
+    model it did not optimize (or `restore_weights` restored)."""
+    applied = model.__dict__.get("_hfbert_inference_mode")
+    if applied is None:
+        return None
+    swapped = swapped_modules(model)
+    plain = [module for module in swapped if not _runs_kernel_now(module)]
+    said = _why_plain(applied.mode, plain, len(swapped)) if plain else None
+    return dataclasses.replace(applied, swapped=len(swapped) - len(plain), plain=said)
+
+
+def _runs_kernel_now(module: Swapped) -> bool:
+    return module.runs_kernel() and not (module.training and module.differs_in_training)
+
+
+def _why_plain(mode_name: str, plain: list[Swapped], swapped: int) -> str:
+    """`plain` (swapped modules that run their plain computation now) said with why, for `inference_mode_of`."""
+    reasons = []
+    kinds = sorted(
+        {
+            f"{parameter.dtype} on {parameter.device.type}"
+            for module in plain
+            if not module.can_build()
+            for parameter in module.form_parameters()
+            if parameter is not None
+        }
+    )
+    if kinds:
+        mode = next(mode for mode in MODES.values() if mode.name == mode_name)
+        runs = ", ".join(str(dtype) for dtype in mode.dtypes())
+        reasons.append(f"their parameters are {', '.join(kinds)}, and mode {mode_name!r} runs {runs} on the CPU")
+    if any(module.can_build() and not module.runs_kernel() for module in plain):
+        reasons.append("the projections a fused block computes are wrapped (PEFT's LoRA) or replaced")
+    if any(module.runs_kernel() for module in plain):
+        reasons.append("the model is in training mode, where a fused block runs its own computation")
+    count = f"all {swapped}" if len(plain) == swapped else f"{len(plain)} of the {swapped}"
+    return f"plain: {count} swapped layers or blocks run their plain computation: {'; '.join(reasons)}"
 
 
 def _fused(model: nn.Module) -> tuple[str, ...]:

@@ -26,12 +26,24 @@ When the parameters change, the form follows:
   stale;
 - `load_state_dict` on the model or any module holding a swapped one, inference tensors included (which have no
   version counter): `_load_from_state_dict` marks the form stale;
-- `.data` writes, which no counter sees: `hfbert.inference.refresh(model)` marks every form stale.
+- written behind every counter (`.data` writes, as PEFT's `merge_and_unload` does): each call that runs a kernel
+  first reads a fixed sample of its parameters' memory (`Fingerprint`, bit for bit) and compares it with the sample
+  taken when the form was built: SAMPLES elements spread over the rows and columns, or, of a parameter whose pages
+  were let go (`release_resident_pages`), PAGE_SAMPLES of the partial page at its start (part of its first row), as
+  touching a page let go would bring the weight back into RAM. A bias the form holds itself needs none. A write that
+  changes no sampled element (a few rows or elements edited through `.data`) is not seen:
+  `hfbert.inference.refresh(model)` marks every form stale.
+
+Forward-mode AD (dual tensors, `torch.autograd.forward_ad`) and functorch's transforms (`torch.func.jvp`, `vmap`,
+`grad`, `jacrev`) run the plain computation: the kernels' ops have no forward derivative or batching rule
+(`transformed`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,11 +52,30 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd import forward_ad
 
 from hfbert.inference.measured import bucket
 
 # What a swapped module holds beyond its plain class's state: never carried across a swap.
-_SWAP_ATTRIBUTES = ("_form", "_form_from", "_stale", "_trace_kernels", "_choice", "_keep_pages", "kernel")
+_SWAP_ATTRIBUTES = (
+    "_form",
+    "_form_from",
+    "_fingerprint",
+    "_stale",
+    "_trace_kernels",
+    "_choice",
+    "_keep_pages",
+    "kernel",
+)
+# Elements of a parameter a `Fingerprint` reads at every call that runs a kernel, each in another row and column,
+# where its pages stay in RAM: a write to a tenth of the rows (or columns), taken at random, misses all of them with
+# probability 0.9**32 (3%).
+SAMPLES = 32
+# Elements read from one memory page: of a parameter whose pages were let go (`release_resident_pages`), the partial
+# page at one of its ends, which stays (touching a page let go maps its whole folio back, up to 2 MiB on Linux 6.18
+# for a file just written: 170 MB of bert-base's packed weights back in RAM); of a parameter within a page (a bias).
+# Few, as each is a cache miss in a forward, whose weights evict them.
+PAGE_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -55,7 +86,7 @@ class Kernel:
     name: str  # what `packed_layers` reports for a module running it
     supports: Callable[[Tensor], bool]  # whether it can run a product with this weight here
     accepts: Callable[[Tensor, Tensor], bool]  # whether it runs this input (its dtype) with this weight
-    build: Callable[[Tensor, Tensor | None], Any]  # (weight, bias) -> the form
+    build: Callable[[Tensor, Tensor | None], Any]  # (weight, bias) -> the form, holding the bias itself (no copy)
     run: Callable[[Tensor, Any], Tensor]  # (rows, form) -> rows @ weight.T + bias
 
 
@@ -78,6 +109,7 @@ class Swapped:
     kernel: Kernel
     _form: Any = None  # the parameters in the kernel's form, or None
     _form_from: tuple | None = None  # `weight_key`s of the parameters the form (or the refusal to build it) is from
+    _fingerprint: Fingerprint | None = None  # a sample of the values the form was built from
     _stale: bool = False  # changed where no key shows it (`load_state_dict`, `refresh`): build again at next call
     _trace_kernels: bool = False  # set for the compiled path's own calls only (`compiled.py`): trace the kernel
     _choice: tuple[int, ...] = (1, 1, 1)  # per `measured.ROW_BUCKETS`: 0 runs the plain computation, others a kernel
@@ -116,6 +148,11 @@ class Swapped:
     def inner_modules(self) -> tuple[nn.Module, ...]:
         """The modules whose own calls the kernel replaces (a fused block's projections): none for a linear layer."""
         return ()
+
+    def fingerprinted(self) -> tuple[Tensor | None, ...]:
+        """The parameters a `Fingerprint` samples: those the form holds a copy of. A bias the form holds itself
+        (`Kernel.build`) needs none: the kernel reads its current values."""
+        return self.form_parameters()
 
     def can_build(self) -> bool:
         """Whether the kernel can run the current parameters here: plain CPU tensors of one dtype it supports."""
@@ -156,9 +193,10 @@ class Swapped:
     def rebuild(self) -> bool:
         """Build the form of the current parameters (and let their file-backed pages go, see
         `release_resident_pages`); False where the kernel cannot run them here (then the plain computation runs)."""
-        self._form, self._form_from, self._stale = None, self._key(), False
+        self._form, self._form_from, self._stale, self._fingerprint = None, self._key(), False, None
         if not self.can_build():
             return False
+        self._fingerprint = Fingerprint(self.fingerprinted(), resident=self._keep_pages)
         self._form = self.build_form()
         if not self._keep_pages:
             for parameter in self.form_parameters():
@@ -169,7 +207,12 @@ class Swapped:
     @property
     def is_stale(self) -> bool:
         """Whether the parameters changed since the form was built (or found impossible to build)."""
-        return self._stale or self._form_from != self._key()
+        if self._stale or self._form_from != self._key():
+            return True
+        if self._fingerprint is not None and not self._fingerprint.matches():
+            self._stale = True  # values changed behind every counter: the compiled path compiles anew
+            return True
+        return False
 
     @property
     def is_current(self) -> bool:
@@ -190,11 +233,12 @@ class Swapped:
     # -- what changes the parameters ----------------------------------------------------------------------------
     def train(self, mode: bool = True):
         if mode:  # training runs the plain computation and changes the weights: the form would only hold memory
-            self._form, self._form_from = None, None
+            self._form, self._form_from, self._fingerprint = None, None, None
         return super().train(mode)
 
     def _apply(self, fn: Callable, *args: Any, **kwargs: Any):
         self._stale = True  # `.to()`, `.float()`: new tensors, possibly where the old ones were
+        self._fingerprint = None  # it holds the old tensors' memory
         return super()._apply(fn, *args, **kwargs)
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
@@ -203,7 +247,7 @@ class Swapped:
 
     def __getstate__(self) -> dict:
         # oneDNN's packed tensors cannot be pickled or deep-copied: a copy builds its own form at its first call.
-        return {**self.__dict__, "_form": None, "_form_from": None}
+        return {**self.__dict__, "_form": None, "_form_from": None, "_fingerprint": None}
 
 
 class InferenceLinear(Swapped, nn.Linear):
@@ -222,6 +266,9 @@ class InferenceLinear(Swapped, nn.Linear):
 
     def form_parameters(self) -> tuple[Tensor | None, ...]:
         return (self.weight, self.bias)
+
+    def fingerprinted(self) -> tuple[Tensor | None, ...]:
+        return (self.weight,)
 
     def build_form(self) -> Any:
         return self.kernel.build(self.weight.detach(), None if self.bias is None else self.bias.detach())
@@ -248,8 +295,9 @@ def swapped_modules(model: nn.Module) -> list[Swapped]:
 
 
 def refresh(model: nn.Module) -> None:
-    """Make `model`'s swapped modules build their forms anew at their next call: after changing weights through
-    `.data` (which no version counter sees). Other changes are followed by themselves (module docstring)."""
+    """Make `model`'s swapped modules build their forms anew at their next call. Changes are followed without it
+    (module docstring), `.data` writes included, except a write that changes none of the elements a `Fingerprint`
+    samples (a few rows or elements edited through `.data`): call it after such a write."""
     for module in swapped_modules(model):
         module._stale = True
 
@@ -264,7 +312,7 @@ def hooked(modules: Iterable[nn.Module]) -> bool:
 def plain_call(input: Tensor, parameters: tuple[Tensor | None, ...]) -> bool:
     """Whether a oneDNN op (which has no backward and is invisible to autocast and tracers) may run this eager
     call: no jit trace, plain parameters, no gradient asked of anything, no autocast."""
-    if torch.jit.is_tracing():
+    if torch.jit.is_tracing() or transformed():
         return False
     parameters = tuple(parameter for parameter in parameters if parameter is not None)
     return (
@@ -275,6 +323,63 @@ def plain_call(input: Tensor, parameters: tuple[Tensor | None, ...]) -> bool:
         # Autocast casts F.linear's inputs; it knows nothing of the oneDNN ops, which would silently stay fp32.
         and not torch.is_autocast_enabled("cpu")
     )
+
+
+def transformed() -> bool:
+    """Whether a call may carry tangents or run under a functorch transform: inside a forward-mode AD level
+    (`forward_ad.dual_level`, whose dual tensors are plain tensors to every other check) or under `torch.func`'s
+    jvp, vmap, grad or jacrev. The kernels' ops have no forward derivative or batching rule: a tangent through them
+    would silently be dropped."""
+    return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
+class Fingerprint:
+    """A fixed strided sample of tensors' memory (`_sampled`), taken when a form is built: `matches()` reads it again
+    and compares it bit for bit (its cost per forward: `python -m benchmarks.weight_fingerprint`). `resident`: the
+    tensors' pages stay in RAM (else only the pages `release_resident_pages` keeps are read). It holds the tensors
+    (detached), so that the memory it reads stays theirs."""
+
+    __slots__ = ("_tensors", "_samples")
+
+    def __init__(self, tensors: Iterable[Tensor | None], resident: bool = True) -> None:
+        self._tensors = tuple(tensor.detach() for tensor in tensors if tensor is not None and tensor.numel())
+        views = [view for tensor in self._tensors for view in _sampled(tensor, resident)]
+        self._samples = tuple((view, view.tobytes()) for view in views)
+
+    def matches(self) -> bool:
+        """Whether every sampled element still holds the bits it held when the fingerprint was taken."""
+        for view, taken in self._samples:  # noqa: SIM110 (a generator costs more, at every call)
+            if view.tobytes() != taken:
+                return False
+        return True
+
+
+_UNSIGNED = {1: ctypes.c_uint8, 2: ctypes.c_uint16, 4: ctypes.c_uint32, 8: ctypes.c_uint64}
+
+
+def _sampled(tensor: Tensor, resident: bool) -> list[memoryview]:
+    """Whole elements of a CPU tensor's memory, as views that read them anew at each `tobytes()`: SAMPLES spread
+    over the span its strides cover where its pages stay in RAM (`resident`, no whole page, not Linux); else
+    PAGE_SAMPLES of the partial page at its start or end, which `release_resident_pages` keeps (or of its first
+    page, where it has neither), or of all of it where it fits in a page."""
+    size = tensor.element_size()
+    span = 1 + sum((length - 1) * stride for length, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    row = max(tensor.stride()) if tensor.dim() >= 2 else span  # the outer stride: a row in memory
+    memory = memoryview((_UNSIGNED[size] * span).from_address(tensor.data_ptr()))
+    start, end = tensor.data_ptr(), tensor.data_ptr() + span * size
+    first_page, last_page = _whole_pages(start, end)
+    if span * size <= mmap.PAGESIZE:
+        return [_spread(memory, PAGE_SAMPLES, row)]
+    if resident or last_page <= first_page or not sys.platform.startswith("linux"):
+        return [_spread(memory, SAMPLES, row)]
+    ends = (memory[: (first_page - start) // size], memory[(last_page - start) // size :], memory[:1])
+    return [_spread(next(part for part in ends if len(part)), PAGE_SAMPLES, row)]
+
+
+def _spread(memory: memoryview, count: int, row: int) -> memoryview:
+    """About `count` elements of `memory`, evenly spaced; each step also moves a `count`-th of a `row`, so that the
+    elements fall in different columns as well as different rows."""
+    return memory[:: max(1, len(memory) // count + (row // count if row < len(memory) else 0))]
 
 
 def weight_key(weight: Tensor) -> tuple:
@@ -307,13 +412,17 @@ def release_resident_pages(tensor: Tensor) -> None:
     if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or tensor.numel() == 0:
         return
     try:
-        import mmap
-
-        start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()
-        first_page = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the tensor only
-        last_page = end // mmap.PAGESIZE * mmap.PAGESIZE
+        first_page, last_page = _whole_pages(
+            tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+        )
         if last_page > first_page:
             _libc_madvise()(first_page, last_page - first_page, _MADV_PAGEOUT)
     except (OSError, AttributeError):
         pass
+
+
+def _whole_pages(start: int, end: int) -> tuple[int, int]:
+    """The first and the end address of the whole memory pages in [start, end): those `release_resident_pages`
+    lets go (the partial pages at the ends are shared with neighbouring tensors)."""
+    page = mmap.PAGESIZE
+    return -(-start // page) * page, end // page * page
