@@ -1,4 +1,4 @@
-"""The `hfbert` command follows the conventions of the ecosystem's CLIs (issue 24, section 2), the same way on
+"""The `hfbert` command follows the conventions of the ecosystem's CLIs, the same way on
 every command: `--version`, the help with no command, `python -m hfbert`, one `--device` check, `--revision` /
 `--cache-dir` / `--token` wherever a model is named, `--dtype` wherever one runs, `-` for standard input, a
 missing text as a usage error (exit 2), warnings and progress as plain lines on stderr, help text for every option

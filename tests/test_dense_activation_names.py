@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from support.helpers import minilm_directory, write_random_transformers_checkpoint
+from support.helpers import with_minilm_tokenizer, write_random_transformers_checkpoint
 
 TEXTS = ["", "A short one.", "A longer sentence, about something else entirely [MASK]."]
 
@@ -63,8 +63,7 @@ def dense_checkpoint(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dense")
     shape = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     backbone = write_random_transformers_checkpoint(root / "bert", **shape)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_directory() / name, backbone / name)
+    with_minilm_tokenizer(backbone)
     torch.manual_seed(1)
     modules = [Transformer(str(backbone)), Pooling(32, pooling_mode="mean"), Dense(32, 16)]
     st.SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))

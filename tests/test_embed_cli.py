@@ -140,7 +140,7 @@ def hfbert_process(*arguments, stdin: bytes | None = None) -> subprocess.Complet
 @pytest.mark.parametrize(("source", "suffix"), [("-", ".npy"), ("/dev/stdin", ".jsonl"), ("-", None)])
 def test_a_pipe_is_read_once(source, suffix, texts, reference, tmp_path):
     """`printf ... | hfbert embed MODEL --file -` (or /dev/stdin): every line embedded, none lost to a first
-    pass that counted them (issue 23, item 1: that wrote an empty file and exited 0)."""
+    pass that counted them (such a pass wrote an empty file and exited 0)."""
     data = "".join(text + "\n" for text in texts[:40]).encode()
     out = tmp_path / f"piped{suffix}" if suffix else None
     result = hfbert_process("embed", minilm_directory(), "--file", source, *(["--out", out] if out else []), stdin=data)
@@ -174,7 +174,7 @@ def private_tmpfs_unavailable() -> str | None:
 @pytest.mark.skipif(private_tmpfs_unavailable() is not None, reason=str(private_tmpfs_unavailable()))
 @pytest.mark.parametrize("case", ["npy from a file", "npy from a pipe", "jsonl from a pipe"])
 def test_a_full_disk_is_one_line_and_leaves_nothing(case, tmp_path):
-    """1000 embeddings (1.5 MB as .npy) into a 1 MiB tmpfs (issue 23, item 5: a sparse memory map died of SIGBUS,
+    """1000 embeddings (1.5 MB as .npy) into a 1 MiB tmpfs (a sparse memory map died of SIGBUS there,
     exit 135, no message, a 3 MB partial file left). From a regular file the space is reserved first and the run
     fails before embedding; from a pipe it fails at the first write that does not fit. Either way: exit 1, one
     line naming the disk, and the disk left empty."""
@@ -246,3 +246,13 @@ def test_fill_mask_equals_the_transformers_pipeline(bert_base_safetensors_dir, c
 def test_fill_mask_refuses_a_checkpoint_without_masked_lm_head(capsys):
     assert main(["fill-mask", str(minilm_directory()), FILL_MASK_TEXT]) == 1
     assert "no masked-LM head" in capsys.readouterr().err
+
+
+def test_one_reader_of_text_files(tmp_path):
+    from hfbert.tools import embedding, texts
+
+    assert embedding.read_texts is texts.read_texts
+    plain = tmp_path / "t.txt"
+    plain.write_text("a\n\n  \nb\n")
+    assert list(texts.read_texts(plain)) == ["a", "", "  ", "b"]
+    assert list(texts.read_texts(plain, skip_blank=True)) == ["a", "b"]

@@ -29,14 +29,13 @@ from hfbert.cli import main
 from hfbert.tools.embedding import Embedder
 from hfbert.tools.parity import default_texts
 
-from support.helpers import minilm_directory, randomize_weights
+from support.helpers import minilm_directory
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 from sentence_transformers.base.modules import Dense, Normalize, Transformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
 
 SentenceTransformer = sentence_transformers.SentenceTransformer
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_SEQ_LENGTH = 24
 # fp32 rounding: hfbert's packed kernels sum in another order than transformers' (measured up to ~1e-6 here).
 MAX_ABS = 1e-5
@@ -56,22 +55,6 @@ def max_abs(ours: np.ndarray, reference: np.ndarray) -> float:
 def reference_embeddings(directory: Path, inputs: list[str]) -> tuple[np.ndarray, list[str]]:
     model = SentenceTransformer(str(directory), device="cpu")
     return model.encode(inputs, convert_to_numpy=True, batch_size=8), [type(module).__name__ for module in model]
-
-
-@pytest.fixture(scope="module")
-def backbone(tmp_path_factory) -> Path:
-    """A 2-layer BERT of hidden size 32 with random weights far from init, and MiniLM's tokenizer files."""
-    import transformers
-
-    directory = tmp_path_factory.mktemp("backbone") / "bert"
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    randomize_weights(transformers.BertModel(config, add_pooling_layer=False)).save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_directory() / name, directory / name)
-    return directory
 
 
 def build(backbone: Path, directory: Path, modes, *, normalize: bool, dense: str | None = None, prompt=None):
@@ -152,8 +135,8 @@ CASES += [("mean", True, "tanh"), ("max", False, "identity-residual"), (("cls", 
 
 @pytest.mark.parametrize("layout", ["sentence-transformers 6.x", "legacy"])
 @pytest.mark.parametrize(("modes", "normalize", "dense"), CASES, ids=lambda value: str(value))
-def test_each_pipeline_equals_sentence_transformers(backbone, tmp_path, layout, modes, normalize, dense):
-    directory = build(backbone, tmp_path / "model", modes, normalize=normalize, dense=dense)
+def test_each_pipeline_equals_sentence_transformers(sentence_backbone, tmp_path, layout, modes, normalize, dense):
+    directory = build(sentence_backbone, tmp_path / "model", modes, normalize=normalize, dense=dense)
     if layout == "legacy":
         to_legacy_format(directory)
     inputs = texts()
@@ -168,9 +151,9 @@ def test_each_pipeline_equals_sentence_transformers(backbone, tmp_path, layout, 
         assert np.allclose(np.linalg.norm(reference, axis=1), 1.0, atol=1e-6)
 
 
-def test_a_default_prompt_left_out_of_pooling(backbone, tmp_path):
+def test_a_default_prompt_left_out_of_pooling(sentence_backbone, tmp_path):
     """config_sentence_transformers.json's default prompt is prepended; include_prompt=False pools without it."""
-    directory = build(backbone, tmp_path / "model", "mean", normalize=True, prompt="query: ")
+    directory = build(sentence_backbone, tmp_path / "model", "mean", normalize=True, prompt="query: ")
     inputs = texts()
     reference, _ = reference_embeddings(directory, inputs)
     embedder = Embedder(directory, batch_size=8)
@@ -213,18 +196,18 @@ def test_flags_override_the_checkpoint(tmp_path, capsys):
     assert "(overridden: pooling cls, no Normalize, max_length 128)" in capsys.readouterr().err
 
 
-def test_a_plain_checkpoint_gets_what_sentence_transformers_builds_for_it(backbone):
+def test_a_plain_checkpoint_gets_what_sentence_transformers_builds_for_it(sentence_backbone):
     """No modules.json: SentenceTransformer adds mean pooling and nothing else; so does hfbert."""
     inputs = texts()
-    reference, modules = reference_embeddings(backbone, inputs)
+    reference, modules = reference_embeddings(sentence_backbone, inputs)
     assert modules == ["Transformer", "Pooling"]
-    embedder = Embedder(backbone, batch_size=8)
+    embedder = Embedder(sentence_backbone, batch_size=8)
     assert embedder.pipeline.pooling == ("mean",) and not embedder.pipeline.normalize
     assert max_abs(embedder.embed(inputs).numpy(), reference) <= MAX_ABS
 
 
-def test_unsupported_modules_are_refused_by_name(backbone, tmp_path, capsys):
-    directory = build(backbone, tmp_path / "model", "mean", normalize=True)
+def test_unsupported_modules_are_refused_by_name(sentence_backbone, tmp_path, capsys):
+    directory = build(sentence_backbone, tmp_path / "model", "mean", normalize=True)
     modules = json.loads((directory / "modules.json").read_text())
     modules.append({"idx": 3, "name": "3", "path": "3_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
     (directory / "modules.json").write_text(json.dumps(modules))

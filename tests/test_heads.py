@@ -320,3 +320,55 @@ def test_fresh_models_are_initialised_like_transformers(class_name):
             assert torch.equal(parameter, reference), name
     if class_name in ("BertForMaskedLM", "BertForPreTraining"):
         assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+
+
+# -- problem_type and num_labels set on a config, as transformers runs them -----------------------------------------
+
+
+HEAD_CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37)
+
+
+@pytest.mark.parametrize("config_of", ["transformers", "hfbert"])
+def test_problem_types_as_transformers_own_test_runs_them(config_of):
+    """transformers' test_problem_types: one config, problem_type then num_labels set on it, a model built from it,
+    the loss of labels of the given dtype. Both models share the weights; logits and loss must agree."""
+    import transformers
+
+    problems = [
+        ("multi_label_classification", 2, torch.float),
+        ("single_label_classification", 1, torch.long),
+        ("regression", 1, torch.float),
+    ]
+    theirs_config = transformers.BertConfig(**HEAD_CONFIG)
+    ours_config = hfbert.BertConfig(**HEAD_CONFIG) if config_of == "hfbert" else theirs_config
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    for problem, num_labels, dtype in problems:
+        for config in (theirs_config, ours_config):
+            config.problem_type, config.num_labels = problem, num_labels
+        torch.manual_seed(0)
+        theirs = transformers.BertForSequenceClassification(theirs_config).eval()
+        ours = hfbert.BertForSequenceClassification(ours_config).eval()
+        ours.load_state_dict(theirs.state_dict())
+        labels = torch.zeros(2, dtype=torch.long)
+        if problem == "multi_label_classification":
+            labels = labels.unsqueeze(1).repeat(1, num_labels)
+        labels = labels.to(dtype)
+        with torch.no_grad():
+            expected, got = theirs(input_ids=ids, labels=labels), ours(input_ids=ids, labels=labels)
+        assert torch.allclose(got.logits, expected.logits, atol=1e-6, rtol=0)
+        assert torch.allclose(got.loss, expected.loss, atol=1e-6, rtol=0), problem
+        assert ours.config.id2label == {index: f"LABEL_{index}" for index in range(num_labels)}
+        assert ours.config.num_labels == num_labels
+
+
+def test_num_labels_set_on_a_config_makes_labels_as_transformers(tmp_path):
+    import transformers
+
+    ours, theirs = hfbert.BertConfig(), transformers.BertConfig()
+    for count in (5, 5, 1, 3):
+        ours.num_labels = theirs.num_labels = count
+        assert ours.id2label == theirs.id2label and ours.label2id == theirs.label2id
+    model = hfbert.BertForSequenceClassification(hfbert.BertConfig(**HEAD_CONFIG))
+    model.config.num_labels = 3  # as run_glue does before building a head: config.json must say 3 labels
+    model.config.save_pretrained(tmp_path)
+    assert hfbert.BertConfig.from_pretrained(tmp_path).num_labels == 3

@@ -7,6 +7,7 @@ pointed at the same cache, is the reference.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from support.helpers import minilm_directory
+from support.robust import DEEP_JSON
 
 REPO_ID = "hfbert-tests/minilm"
 MAIN_SHA = "a" * 40
@@ -157,3 +159,22 @@ def test_where_no_proof_can_be_kept_every_load_is_verified(tmp_path, monkeypatch
             "model.safetensors"
         ]
     assert len(hashed) == 2
+
+
+def test_a_proof_nested_deeply_is_no_proof(tmp_path, monkeypatch):
+    """The proof of a cache blob is hfbert's own file: one that cannot be read (nested 100,000 deep) proves nothing,
+    so the blob is hashed again (not a RecursionError) and a good proof written over it."""
+    import converters.hub as hub
+
+    cache = tmp_path / "hub"
+    add_snapshot(cache, MAIN_SHA, {"model.safetensors": (minilm_directory() / "model.safetensors").read_bytes()})
+    first = hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache)
+    sha256 = first.verified_sha256["model.safetensors"]
+    proof = cache / ("models--" + REPO_ID.replace("/", "--")) / hub.PROOF_FOLDER / sha256
+    assert proof.is_file()
+    proof.write_text(DEEP_JSON)
+    hashed = []
+    original = hub.sha256_of
+    monkeypatch.setattr(hub, "sha256_of", lambda path: hashed.append(path) or original(path))
+    assert hub.download(REPO_ID, MAIN_SHA, offline=True, cache_dir=cache).verified_sha256 == first.verified_sha256
+    assert len(hashed) == 1 and isinstance(json.loads(proof.read_text()), dict)

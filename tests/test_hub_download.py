@@ -198,7 +198,7 @@ SENTENCE_FILES = (
 
 
 def test_embed_with_a_repo_id_runs_the_sentence_transformers_pipeline(tmp_path):
-    """A repo id gets the same pipeline as the local directory (issue 24: download fetched neither modules.json
+    """A repo id gets the same pipeline as the local directory (a download that fetched neither modules.json
     nor sentence_bert_config.json nor 1_Pooling/, so a 566-token text was cut at 512 instead of 256, with mean
     pooling and no Normalize): element for element sentence-transformers' encode of the real checkpoint."""
     import json

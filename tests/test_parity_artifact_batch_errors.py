@@ -10,11 +10,15 @@ import re
 from pathlib import Path
 
 import pytest
-from test_parity_artifacts import SMALL, texts, with_minilm_files
 
 from hfbert.cli import main
 
-from support.helpers import write_random_transformers_checkpoint
+from support.helpers import (
+    SMALL_MINILM_CONFIG,
+    parity_texts,
+    write_random_transformers_checkpoint,
+    write_small_minilm_checkpoint,
+)
 
 onnxruntime = pytest.importorskip("onnxruntime")
 
@@ -24,9 +28,10 @@ def artifacts(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     from benchmarks.artifacts import export_onnx
 
     work = tmp_path_factory.mktemp("batch-errors")
-    checkpoint = write_random_transformers_checkpoint(work / "small", seed=3, **SMALL)
-    with_minilm_files(checkpoint, SMALL["hidden_size"])
-    smaller = write_random_transformers_checkpoint(work / "smaller", seed=3, **{**SMALL, "vocab_size": 1000})
+    checkpoint = write_small_minilm_checkpoint(work / "small")
+    smaller = write_random_transformers_checkpoint(
+        work / "smaller", seed=3, **{**SMALL_MINILM_CONFIG, "vocab_size": 1000}
+    )
     return checkpoint, {
         "good": export_onnx(checkpoint, work / "good.onnx"),
         "static": export_onnx(checkpoint, work / "static.onnx", dynamic=False),
@@ -48,7 +53,7 @@ def onnxruntime_refusal(path: Path, ids: list[list[int]]) -> str:
 
 def test_an_artifact_that_cannot_run_a_batch_is_its_own_verdict(artifacts, tmp_path, capsys):
     checkpoint, built = artifacts
-    (tmp_path / "texts.txt").write_text("\n".join(texts(6)) + "\n")
+    (tmp_path / "texts.txt").write_text("\n".join(parity_texts(6)) + "\n")
     report = tmp_path / "report.json"
     arguments = ["parity", str(checkpoint), "--texts", str(tmp_path / "texts.txt"), "--json", str(report)]
     for name in ("static", "good", "vocabulary"):

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_parity_artifacts import SMALL, with_minilm_files
 
 from hfbert.cli import main
 
-from support.helpers import write_random_transformers_checkpoint
+from support.helpers import write_small_minilm_checkpoint
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -31,8 +30,7 @@ def exported(tmp_path_factory) -> tuple[Path, Path]:
     from benchmarks.artifacts import export_onnx
 
     work = tmp_path_factory.mktemp("external")
-    checkpoint = write_random_transformers_checkpoint(work / "small", seed=3, **SMALL)
-    with_minilm_files(checkpoint, SMALL["hidden_size"])
+    checkpoint = write_small_minilm_checkpoint(work / "small")
     graph = onnx.load(str(export_onnx(checkpoint, work / "inline.onnx")))
     (work / "art").mkdir()
     onnx.save_model(graph, str(work / "art" / "model.onnx"), save_as_external_data=True, location="weights.bin")

@@ -10,11 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_parity_artifacts import SMALL, texts, with_minilm_files
 
 from hfbert.cli import main
 
-from support.helpers import write_random_transformers_checkpoint
+from support.helpers import parity_texts, write_small_minilm_checkpoint
 
 openvino = pytest.importorskip("openvino")
 pytest.importorskip("ctranslate2")
@@ -25,9 +24,7 @@ def fp16(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     from benchmarks.artifacts import convert_ctranslate2, export_onnx
 
     work = tmp_path_factory.mktemp("fp16")
-    checkpoint = with_minilm_files(
-        write_random_transformers_checkpoint(work / "small", seed=3, **SMALL), SMALL["hidden_size"]
-    )
+    checkpoint = write_small_minilm_checkpoint(work / "small")
     exact = export_onnx(checkpoint, work / "bert.onnx")
     ir = work / "openvino" / "bert.xml"
     ir.parent.mkdir()
@@ -61,7 +58,7 @@ def engines_own_account(built: dict[str, Path]) -> dict[str, object]:
 
 def test_fp16_weights_are_reported_beside_what_ran_and_named_as_the_cause(fp16, tmp_path, capsys):
     checkpoint, built = fp16
-    (tmp_path / "texts.txt").write_text("\n".join(texts(6)) + "\n")
+    (tmp_path / "texts.txt").write_text("\n".join(parity_texts(6)) + "\n")
     report = tmp_path / "report.json"
     arguments = ["parity", str(checkpoint), "--texts", str(tmp_path / "texts.txt"), "--json", str(report)]
     for path in built.values():

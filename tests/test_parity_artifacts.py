@@ -21,33 +21,18 @@ import torch
 
 from hfbert.cli import main
 
-from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transformers_checkpoint
+from support.helpers import (
+    SMALL_MINILM_CONFIG,
+    minilm_directory,
+    parity_texts,
+    write_random_transformers_checkpoint,
+    write_small_minilm_checkpoint,
+)
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 ENGINES = ("onnxruntime", "openvino", "ctranslate2", "onnx")
-SMALL = {**SMALL_CONFIG, "num_hidden_layers": 2, "type_vocab_size": 2, "vocab_size": 30522}
-SMALL["max_position_embeddings"] = 128
-
-
-def texts(count: int) -> list[str]:
-    from hfbert.tools.parity import default_texts
-
-    return default_texts()[:count]
-
-
-def with_minilm_files(directory: Path, hidden_size: int) -> Path:
-    """The MiniLM tokenizer and sentence-transformers files (mean pooling, Normalize) beside the weights."""
-    source = minilm_directory()
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json"):
-        shutil.copy(source / name, directory / name)
-    shutil.copy(source / "sentence_bert_config.json", directory / "sentence_bert_config.json")
-    (directory / "1_Pooling").mkdir(exist_ok=True)
-    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
-    pooling["word_embedding_dimension"] = hidden_size
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    return directory
 
 
 def build_artifacts(checkpoint: Path, work: Path, config: dict, engines: bool = True) -> dict[str, Path]:
@@ -71,9 +56,8 @@ def small(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     pytest.importorskip("openvino")
     pytest.importorskip("ctranslate2")
     work = tmp_path_factory.mktemp("artifacts")
-    checkpoint = write_random_transformers_checkpoint(work / "small", seed=3, **SMALL)
-    with_minilm_files(checkpoint, SMALL["hidden_size"])
-    return checkpoint, build_artifacts(checkpoint, work, SMALL)
+    checkpoint = write_small_minilm_checkpoint(work / "small")
+    return checkpoint, build_artifacts(checkpoint, work, SMALL_MINILM_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +65,7 @@ def small_report(small):
     from hfbert.tools.parity import run_parity
 
     checkpoint, built = small
-    return run_parity(checkpoint, texts=texts(12), artifacts=list(built.values()), progress=False)
+    return run_parity(checkpoint, texts=parity_texts(12), artifacts=list(built.values()), progress=False)
 
 
 def by_name(report, built: dict[str, Path]) -> dict[str, dict]:
@@ -150,9 +134,9 @@ def test_error_growing_with_position_and_other_weights_show_as_such(small, tmp_p
     name = next(key for key in tensors if key.endswith("position_embeddings.weight"))
     tensors[name][64:] += 0.05 * torch.randn_like(tensors[name][64:])
     save_file(tensors, shifted / "model.safetensors", metadata={"format": "pt"})
-    other = write_random_transformers_checkpoint(tmp_path / "other", seed=11, **SMALL)
+    other = write_random_transformers_checkpoint(tmp_path / "other", seed=11, **SMALL_MINILM_CONFIG)
     artifacts = [export_onnx(shifted, tmp_path / "shifted.onnx"), export_onnx(other, tmp_path / "other.onnx")]
-    report = run_parity(checkpoint, texts=texts(12), artifacts=artifacts, progress=False)
+    report = run_parity(checkpoint, texts=parity_texts(12), artifacts=artifacts, progress=False)
     position, weights = report.to_dict()["artifacts"]
     assert position["verdict"] == "fail" and weights["verdict"] == "fail"
     assert any("error growing with position" in cause for cause in position["likely_causes"]), position
@@ -175,7 +159,7 @@ def test_the_plot_shows_the_artifacts_beside_hfbert_and_transformers(small_repor
 
 def test_the_command_line_exit_status_and_json(small, tmp_path, capsys):
     checkpoint, built = small
-    (tmp_path / "texts.txt").write_text("\n".join(texts(6)) + "\n")
+    (tmp_path / "texts.txt").write_text("\n".join(parity_texts(6)) + "\n")
     common = [str(checkpoint), "--texts", str(tmp_path / "texts.txt")]
     report = tmp_path / "report.json"
     assert main(["parity", *common, "--artifact", str(built["exact"]), "--json", str(report)]) == 0
@@ -204,7 +188,10 @@ def not_bert(tmp_path: Path, small: tuple[Path, dict[str, Path]], kind: str) -> 
 
         class Decoder(torch.nn.Module):
             def forward(self, input_ids, past_key_values):
-                return input_ids.float().unsqueeze(-1).expand(-1, -1, SMALL["hidden_size"]) + past_key_values.sum()
+                return (
+                    input_ids.float().unsqueeze(-1).expand(-1, -1, SMALL_MINILM_CONFIG["hidden_size"])
+                    + past_key_values.sum()
+                )
 
         path = tmp_path / "decoder.onnx"
         example = (torch.ones(1, 4, dtype=torch.long), torch.ones(1, 2))
@@ -259,7 +246,7 @@ def test_a_missing_engine_exits_2_naming_the_extra(small):
 
 def test_hfbert_and_plain_parity_never_import_the_engines(small, tmp_path):
     checkpoint, _ = small
-    (tmp_path / "texts.txt").write_text("\n".join(texts(2)) + "\n")
+    (tmp_path / "texts.txt").write_text("\n".join(parity_texts(2)) + "\n")
     run = ["parity", str(checkpoint), "--texts", str(tmp_path / "texts.txt")]
     code = (
         "import sys, hfbert, hfbert.cli, hfbert.tools.parity\n"
@@ -296,7 +283,7 @@ def test_a_relative_path_in_the_models_hub_repo_is_downloaded_and_verified(small
     checkpoint, built = small
     files = {p.relative_to(checkpoint).as_posix(): p.read_bytes() for p in checkpoint.rglob("*") if p.is_file()}
     files["onnx/model.onnx"] = built["exact"].read_bytes()
-    (tmp_path / "texts.txt").write_text("\n".join(texts(4)) + "\n")
+    (tmp_path / "texts.txt").write_text("\n".join(parity_texts(4)) + "\n")
     env = {key: value for key, value in os.environ.items() if not key.startswith("HF_")}
     env.update(HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
     arguments = [HUB_REPO, "--artifact", "onnx/model.onnx", "--texts", str(tmp_path / "texts.txt"), "--json", "-"]

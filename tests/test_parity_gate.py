@@ -8,7 +8,6 @@ one bug each put into its forward, as a port ships them."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,11 @@ import torch
 
 from hfbert.cli import main
 
-from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transformers_checkpoint
+from support.helpers import parity_texts, write_small_minilm_checkpoint
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-SMALL = {**SMALL_CONFIG, "num_hidden_layers": 2, "type_vocab_size": 2, "vocab_size": 30522}
-SMALL["max_position_embeddings"] = 128
 ONE_LENGTH = ["the cat sat", "a dog ran", "my car is", "his hat was", "our team won", "the sun set"]
 
 
@@ -59,10 +56,7 @@ def export(checkpoint: Path, path: Path, kind: str, monkeypatch: pytest.MonkeyPa
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    directory = write_random_transformers_checkpoint(tmp_path_factory.mktemp("gate") / "small", seed=3, **SMALL)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_directory() / name, directory / name)
-    return directory
+    return write_small_minilm_checkpoint(tmp_path_factory.mktemp("gate") / "small", pipeline=False)
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +71,6 @@ def artifacts(checkpoint, tmp_path_factory) -> dict[str, Path]:
     return built
 
 
-def texts(count: int) -> list[str]:
-    from hfbert.tools.parity import default_texts
-
-    return default_texts()[:count]
-
-
 def run(checkpoint: Path, artifacts: dict[str, Path], names: list[str], **options) -> tuple[object, dict[str, dict]]:
     from hfbert.tools.parity import run_parity
 
@@ -95,7 +83,7 @@ def run(checkpoint: Path, artifacts: dict[str, Path], names: list[str], **option
 @pytest.mark.parametrize("inputs", ["batch size 1", "texts of one length"])
 def test_padding_and_token_type_bugs_fail_whatever_the_batch_size_and_texts(inputs, checkpoint, artifacts):
     names = ["exact", "attends to pads", "first row's token types"]
-    options = {"batch_size": 1, "texts": texts(12)} if inputs == "batch size 1" else {"texts": ONE_LENGTH}
+    options = {"batch_size": 1, "texts": parity_texts(12)} if inputs == "batch size 1" else {"texts": ONE_LENGTH}
     if inputs == "texts of one length":
         from hfbert.modeling.tokenizer import BertTokenizer
 
@@ -155,7 +143,7 @@ def test_texts_that_cannot_hold_padding_leave_the_verdict_untested(checkpoint, a
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_position_offset_is_named(checkpoint, artifacts):
     names = ["exact", "positions from 1", "positions from 2"]
-    report, found = run(checkpoint, artifacts, names, texts=texts(8))
+    report, found = run(checkpoint, artifacts, names, texts=parity_texts(8))
     assert found["exact"]["verdict"] == "pass" and found["exact"]["likely_causes"] == []
     for offset in (1, 2):
         entry = found[f"positions from {offset}"]
@@ -173,7 +161,7 @@ def test_json_with_an_artifact_that_emits_nan_is_strict_json(checkpoint, artifac
     def refuse(constant: str) -> None:
         raise ValueError(f"{constant} is not JSON")
 
-    (tmp_path / "texts.txt").write_text("\n".join(texts(4)) + "\n")
+    (tmp_path / "texts.txt").write_text("\n".join(parity_texts(4)) + "\n")
     report = tmp_path / "report.json"
     common = [
         "parity",

@@ -22,7 +22,7 @@ from hfbert.cli import main
 
 from support.checkpoints import copy_checkpoint
 from support.helpers import minilm_directory
-from support.robust import TINY_MLM, assert_one_line, copy_of, edit_config, run
+from support.robust import DEEP_JSON, TINY_MLM, assert_one_line, copy_of, edit_config, run
 
 # -- config.json and weight files that do not fit ------------------------------------------------------------------
 
@@ -422,3 +422,31 @@ def test_a_safetensors_shape_that_claims_more_values_than_its_bytes_is_refused(c
     (checkpoint / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
     with pytest.raises(CheckpointError, match=r"model\.safetensors: not a valid safetensors file"):
         hfbert.BertModel.from_pretrained(checkpoint)
+
+
+# -- config.json of what parity reads beside the model -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [DEEP_JSON, "[1, 2]"])
+def test_a_ctranslate2_config_nested_deeply_or_not_an_object_names_the_file(tmp_path, text):
+    pytest.importorskip("ctranslate2")
+    from hfbert.tools.parity.engines import ctranslate2_engine
+    from hfbert.tools.parity.engines.base import ArtifactError
+
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(
+        ArtifactError, match=r"config\.json: (not valid JSON \(nested too deeply\)|expected a JSON object)"
+    ):
+        ctranslate2_engine.load(tmp_path, hidden_size=96, threads=1)
+
+
+@pytest.mark.parametrize("text, expected", [(DEEP_JSON, "not valid JSON"), ("[1]", "expected a JSON object")])
+def test_a_parity_reference_with_a_bad_config_names_the_file(tiny_mlm, tmp_path, capsys, text, expected):
+    pytest.importorskip("transformers")
+    reference = tmp_path / "reference"
+    shutil.copytree(tiny_mlm, reference)
+    (reference / "config.json").write_text(text)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("hello world\n")
+    code, stderr = run(capsys, "parity", tiny_mlm, "--reference", reference, "--texts", texts)
+    assert_one_line(code, stderr, str(reference / "config.json"), expected)

@@ -13,6 +13,7 @@ import pytest
 
 import hfbert
 
+from support.helpers import minilm_directory
 from support.robust import assert_one_line, run
 
 # -- anything a user can type --------------------------------------------------------------------------------------
@@ -64,6 +65,34 @@ def test_invalid_utf8_names_file_and_line(tiny_mlm, tmp_path, capsys):
     )
 
 
+@pytest.fixture(scope="module")
+def minilm_embedder():
+    from hfbert.tools.embedding import Embedder
+
+    return Embedder(minilm_directory())
+
+
+def test_a_lone_surrogate_in_a_jsonl_line_names_file_and_line(tmp_path, capsys):
+    texts = tmp_path / "texts.jsonl"
+    lines = ['{"text": "a"}', '{"text": "x\\ud800"}', '{"text": "a much longer text than the others"}']
+    texts.write_text("\n".join(lines * 3) + "\n")
+    code, stderr = run(capsys, "embed", minilm_directory(), "--file", texts, "--out", tmp_path / "e.npy")
+    assert_one_line(code, stderr, f"{texts}:2:", "not valid Unicode")
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_a_lone_surrogate_in_a_text_is_named_by_its_place_in_the_input(minilm_embedder, tmp_path, capsys):
+    from hfbert.tools.embedding import embed_file
+
+    texts = ["a", "a much longer text than the others", "b", "x\udc80", "c"]
+    with pytest.raises(ValueError, match=r"^text 3 is not valid Unicode: '\\udc80' at position 1"):
+        minilm_embedder.embed(texts)
+    with pytest.raises(ValueError, match=r"^text 3 is not valid Unicode"):
+        embed_file(minilm_embedder, iter(texts), tmp_path / "e.npy", chunk_size=2, progress=False)
+    code, stderr = run(capsys, "embed", minilm_directory(), *texts)
+    assert_one_line(code, stderr, "text 3 is not valid Unicode")
+
+
 # -- anything that goes wrong inside -------------------------------------------------------------------------------
 
 
@@ -88,7 +117,7 @@ def test_an_unexpected_exception_is_still_one_line(tiny_mlm, capsys, monkeypatch
     assert status == code
 
 
-# -- outputs over inputs (issue 23, item 2) -------------------------------------------------------------------------
+# -- outputs over inputs -------------------------------------------------------------------------------------------
 
 
 def test_no_command_writes_over_one_of_its_inputs(tiny_mlm, tmp_path, capsys):
@@ -150,3 +179,19 @@ def test_an_output_inside_the_cache_snapshot_is_refused(tiny_mlm, tmp_path, caps
     code, stderr = run(capsys, "embed", "someone/tiny", "x", "--cache-dir", cache, "--out", out)
     assert_one_line(code, stderr, "is a file of the checkpoint MODEL")
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == weights.name
+
+
+@pytest.mark.parametrize(
+    "artifact, companion", [("model.xml", "model.bin"), ("model.onnx", "model.onnx_data"), ("m.onnx", "m.onnx.data")]
+)
+def test_parity_output_over_an_artifacts_weights_is_refused(tiny_mlm, tmp_path, capsys, artifact, companion):
+    """An OpenVINO IR reads its weights from the .bin beside the .xml, an ONNX file its external data: outputs
+    over them were written (the .xml / .onnx alone was checked)."""
+    folder = tmp_path / "deployed"
+    folder.mkdir()
+    (folder / artifact).write_bytes(b"graph")
+    (folder / companion).write_bytes(b"weights")
+    for option in ("--json", "--plot"):
+        code, stderr = run(capsys, "parity", tiny_mlm, "--artifact", folder / artifact, option, folder / companion)
+        assert_one_line(code, stderr, companion, "refusing to overwrite")
+        assert (folder / companion).read_bytes() == b"weights"

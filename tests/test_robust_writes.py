@@ -45,6 +45,19 @@ def test_embed_refuses_to_write_over_its_input(tiny_mlm, tmp_path, capsys, link)
     assert source.read_text() == content
 
 
+def test_embed_refuses_an_output_that_standard_input_reads(tmp_path):
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "a"}\n{"text": "b"}\n')
+    before = texts.read_bytes()
+    command = [sys.executable, "-m", "hfbert", "embed", str(minilm_directory()), "--file", "-", "--out", str(texts)]
+    with open(texts, "rb") as stdin:
+        result = subprocess.run(command, stdin=stdin, capture_output=True, timeout=600)
+    assert result.returncode == 1, result.stderr
+    message = result.stderr.decode()
+    assert message.count("\n") == 1 and "standard input" in message and str(texts) in message
+    assert texts.read_bytes() == before
+
+
 # -- half-written output -------------------------------------------------------------------------------------------
 
 
@@ -292,3 +305,25 @@ def test_the_example_writes_a_model_others_can_read(tiny_mlm, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (output / "model.safetensors").is_file()
     assert_follows_umask_022(output)
+
+
+# -- torchrun part files: never a file the call did not produce ----------------------------------------------------
+
+
+def test_torchrun_part_files_never_overwrite_or_delete_a_users_file(tmp_path, monkeypatch):
+    """Under torchrun each rank writes a part file that rank 0 deletes after the merge: named `OUT.rank0`, a user's
+    file of that name was overwritten by the part, then deleted by the merge."""
+    import hfbert.tools.embedding as embedding
+
+    out = tmp_path / "texts.jsonl"
+    theirs = tmp_path / "texts.jsonl.rank0"
+    theirs.write_text('{"text": "a user\'s own file"}\n')
+    before = theirs.read_bytes()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(embedding, "merge_under_torchrun", lambda *arguments: 1)  # no process group here
+    embedder = embedding.Embedder(minilm_directory())
+    assert embedding.embed_file(embedder, ["one text", "another"], out, progress=False) == 1
+    assert theirs.read_bytes() == before
+    part = tmp_path / ".texts.jsonl.partial-rank0-of-2"  # hfbert's own temporary namespace
+    assert json.loads(part.read_text())["index"] == 0

@@ -1,6 +1,6 @@
 """`save_pretrained` into a folder replaces what the model owns, as transformers' does: config.json and the weights
 (old shards and weight files of its naming go). Tokenizer files, sentence-transformers files and a user's files
-stay as they were (issue 33: a tokenizer saved there first keeps its added token); into a folder without them a
+stay as they were (a tokenizer saved there first keeps its added token); into a folder without them a
 backbone's save and `convert` copy the checkpoint's tokenizer and sentence-transformers pipeline (pooling,
 Normalize), so `SentenceTransformer(folder)` encodes as the original does.
 
@@ -20,26 +20,11 @@ import hfbert
 from hfbert.modeling.tokenizer import BertTokenizer
 from hfbert.tools.convert import convert
 
-from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transformers_checkpoint
+from support.helpers import SMALL_CONFIG, files_under, minilm_directory, write_random_transformers_checkpoint
 
-# Another model: its own 14-token vocabulary, so "hello world" is [CLS] hello world [SEP] = [2, 12, 13, 3] (MiniLM's
-# tokenizer gives [101, 7592, 2088, 102]).
-VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefg", "hello", "world"]
+# `other_model` (conftest.py) has its own 14-token vocabulary: this text is [2, 12, 13, 3] there, MiniLM's
+# [101, 7592, 2088, 102].
 TEXT = "hello world"
-
-
-def files_under(directory: Path) -> list[str]:
-    return sorted(path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
-
-
-@pytest.fixture
-def other_model(tmp_path) -> Path:
-    """A checkpoint with a vocab.txt-only tokenizer (no tokenizer.json, no special_tokens_map.json) and no
-    sentence-transformers files."""
-    directory = write_random_transformers_checkpoint(tmp_path / "other", **dict(SMALL_CONFIG, vocab_size=14))
-    (directory / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 64}))
-    return directory
 
 
 def test_a_save_over_another_model_replaces_config_and_weights_and_leaves_the_rest(tmp_path, other_model):
@@ -143,3 +128,49 @@ def test_convert_into_an_existing_folder_is_refused_and_it_is_left_as_it_was(tmp
         hfbert.BertModel.from_pretrained(folder).embeddings.word_embeddings.weight,
         hfbert.BertModel.from_pretrained(minilm_directory()).embeddings.word_embeddings.weight,
     )
+
+
+def test_a_model_saved_beside_its_tokenizer_keeps_the_tokenizer(tmp_path):
+    import transformers
+
+    folder = tmp_path / "out"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_directory())
+    tokenizer.add_tokens(["hfbertword"])
+    tokenizer.save_pretrained(folder)
+    before = files_under(folder)
+    text = "a hfbertword here"
+    expected = tokenizer(text)["input_ids"]
+    assert len(tokenizer) - 1 in expected  # the added token's id
+
+    hfbert.BertModel.from_pretrained(minilm_directory()).save_pretrained(folder)
+    after = files_under(folder)
+    assert {name: after.get(name) for name in before} == before  # nothing deleted, nothing overwritten
+    assert transformers.AutoTokenizer.from_pretrained(folder)(text)["input_ids"] == expected
+    assert hfbert.BertTokenizer.from_pretrained(folder)(text)["input_ids"] == expected
+    # Saved again (the model's own files now exist): still only config and weights change.
+    hfbert.BertModel.from_pretrained(minilm_directory()).save_pretrained(folder)
+    assert {name: files_under(folder).get(name) for name in before} == before
+
+
+def test_a_save_removes_only_weight_files_of_its_own_naming(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    others = ["tokenizer.json", "special_tokens_map.json", "modules.json", "config_sentence_transformers.json"]
+    others += ["2_Dense/model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "model.fp16.safetensors"]
+    stale = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    for relative in others + stale:
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text("old")
+    directory = write_random_transformers_checkpoint(tmp_path / "small", **SMALL_CONFIG)
+    hfbert.BertModel.from_pretrained(directory).save_pretrained(folder)
+    present = set(files_under(folder))
+    assert present == {*others, "config.json", "model.safetensors"}
+    assert all((folder / relative).read_text() == "old" for relative in others)
+    # A pytorch_model.bin save: the safetensors weights would be loaded instead of it, so they go too.
+    hfbert.BertModel.from_pretrained(directory).save_pretrained(folder, safe_serialization=False)
+    assert set(files_under(folder)) == (present - {"model.safetensors"}) | {"pytorch_model.bin"}
+    assert (folder / "tokenizer.json").read_text() == "old"
+    reloaded = hfbert.BertModel.from_pretrained(folder)
+    original = hfbert.BertModel.from_pretrained(directory)
+    assert reloaded.state_dict().keys() == original.state_dict().keys()
+    assert all(torch.equal(reloaded.state_dict()[name], tensor) for name, tensor in original.state_dict().items())

@@ -18,27 +18,10 @@ import torch
 
 import hfbert
 
-from support.helpers import SMALL_CONFIG, minilm_directory, write_random_transformers_checkpoint
+from support.helpers import files_under, minilm_directory
 
-# Another model: its own 14-token vocabulary, so "hello world" is [CLS] hello world [SEP] = [2, 12, 13, 3] (MiniLM's
-# tokenizer gives [101, 7592, 2088, 102]).
-VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefg", "hello", "world"]
 TEXT = "hello world"
 MINILM_IDS = [101, 7592, 2088, 102]
-
-
-@pytest.fixture
-def other_model(tmp_path) -> Path:
-    directory = write_random_transformers_checkpoint(tmp_path / "other", **dict(SMALL_CONFIG, vocab_size=14))
-    (directory / "vocab.txt").write_text("".join(token + "\n" for token in VOCABULARY))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 64}))
-    return directory
-
-
-def files_under(directory: Path) -> dict[str, bytes]:
-    return {
-        path.relative_to(directory).as_posix(): path.read_bytes() for path in directory.rglob("*") if path.is_file()
-    }
 
 
 def save_warnings(model: torch.nn.Module, folder: Path) -> list[str]:

