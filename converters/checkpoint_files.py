@@ -12,7 +12,6 @@ value, and the library checks each tensor's byte range against its shape).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor
 
 from converters.errors import CheckpointError
+from converters.json_files import read_json
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -85,9 +85,8 @@ def read_shard_index(index_file: Path, must_exist: bool = True) -> dict[str, Pat
     """tensor name -> shard file, from a `*.index.json`; each shard checked to lie in the index's directory
     (and to exist)."""
     try:
-        index = json.loads(index_file.read_text(encoding="utf-8"))
-    # ValueError: also bad UTF-8, bad JSON and integers of more than 4300 digits; RecursionError: deep nesting.
-    except (OSError, ValueError, RecursionError) as error:
+        index = read_json(index_file, error=CheckpointError)
+    except OSError as error:
         raise CheckpointError(f"{index_file}: cannot read the shard index: {error}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from converters.dtypes import dtype_name
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES
+from converters.tokenizer_files import token_ids, vocabulary
 from converters.writing import atomic_directory, copy_model_files, write_pickle, write_safetensors
 
 
@@ -79,11 +80,11 @@ def _tokenizer_mismatch(source: Path | None, destination: Path, vocab_size: int)
     kept = [name for name in TOKENIZER_FILES if os.path.lexists(destination / name)]
     theirs = [name for name in TOKENIZER_FILES if source is not None and (source / name).is_file()]
     problems, hint = [], "resize_token_embeddings(len(tokenizer)) before saving"
-    if kept and theirs and _vocabulary(destination) != _vocabulary(source):
+    if kept and theirs and vocabulary(destination) != vocabulary(source):
         problems.append(f"another vocabulary than that of {source}, the checkpoint this model was loaded from")
         hint = "save this model's tokenizer there (tokenizer.save_pretrained), or save into an empty folder"
     held = destination if kept else source if theirs else None
-    past = sorted((index, token) for token, index in _token_ids(held).items() if index >= vocab_size) if held else []
+    past = sorted((index, token) for token, index in token_ids(held).items() if index >= vocab_size) if held else []
     if past:
         shown = ", ".join(f"{token!r} = {index}" for index, token in past[:3]) + (", ..." if len(past) > 3 else "")
         problems.append(f"{len(past)} id(s) past the model's {vocab_size} rows of word embeddings: {shown}")
@@ -95,59 +96,3 @@ def _tokenizer_mismatch(source: Path | None, destination: Path, vocab_size: int)
             f"save_pretrained never overwrites or deletes tokenizer files (transformers' writes none): {hint}"
         )
     return f"the tokenizer files it copies from {source} ({', '.join(theirs)}) give {problems[0]}: {hint}"
-
-
-def _vocabulary(directory: Path, tokenizer_json: Any = None) -> dict[str, Any] | bytes | None:
-    """The token -> id table the tokenizer in `directory` is built on, before added tokens: tokenizer.json's model
-    vocabulary where there is one (transformers' fast tokenizers and hfbert read it first), else vocab.txt's lines.
-    A file that cannot be read so is compared by its bytes; None without either file. `tokenizer_json`: the file's
-    JSON when the caller has read it."""
-    path = directory / "tokenizer.json"
-    if path.is_file():
-        model = (tokenizer_json if tokenizer_json is not None else _json_file(path)).get("model")
-        vocabulary = model.get("vocab") if isinstance(model, dict) else None
-        if isinstance(vocabulary, list):  # Unigram: [token, score] pairs, the id is the position
-            return {str(entry[0]): index for index, entry in enumerate(vocabulary) if isinstance(entry, list) and entry}
-        return vocabulary if isinstance(vocabulary, dict) else path.read_bytes()
-    path = directory / "vocab.txt"
-    if not path.is_file():
-        return None
-    try:
-        # As transformers' load_vocab: universal newlines, only "\n" stripped, a repeated token keeps its last line.
-        with open(path, encoding="utf-8") as handle:
-            return {line.rstrip("\n"): index for index, line in enumerate(handle)}
-    except UnicodeDecodeError:
-        return path.read_bytes()
-
-
-def _token_ids(directory: Path) -> dict[str, int]:
-    """Every token the tokenizer files in `directory` give an id, with that id: the vocabulary and the added tokens
-    (tokenizer.json's `added_tokens`, tokenizer_config.json's `added_tokens_decoder`, legacy added_tokens.json).
-    Entries that are not a token and an integer id are skipped: loading the tokenizer names those."""
-    tokenizer_json = _json_file(directory / "tokenizer.json")
-    vocabulary = _vocabulary(directory, tokenizer_json)
-    ids = {token: index for token, index in vocabulary.items() if _is_id(index)} if isinstance(vocabulary, dict) else {}
-    added = tokenizer_json.get("added_tokens")
-    for entry in added if isinstance(added, list) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("content"), str) and _is_id(entry.get("id")):
-            ids[entry["content"]] = entry["id"]
-    decoder = _json_file(directory / "tokenizer_config.json").get("added_tokens_decoder")
-    for key, entry in decoder.items() if isinstance(decoder, dict) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("content"), str) and key.isascii() and key.isdigit():
-            ids[entry["content"]] = int(key)
-    legacy = _json_file(directory / "added_tokens.json")
-    ids.update({token: index for token, index in legacy.items() if _is_id(index)})
-    return ids
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _json_file(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; {} when there is none or it cannot be read (the tokenizer's loader names that)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}

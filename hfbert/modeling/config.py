@@ -20,6 +20,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from converters.json_files import read_json
 from hfbert.modeling.activations import ACTIVATIONS
 
 
@@ -253,15 +254,11 @@ class BertConfig:
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            values = read_json(path, error=ConfigError)
         except FileNotFoundError:
             raise ConfigError(f"{path}: file not found (a BERT checkpoint needs a config.json)") from None
-        except (OSError, UnicodeDecodeError) as error:
+        except OSError as error:
             raise ConfigError(f"{path}: cannot read: {error}") from None
-        try:
-            values = json.loads(text)
-        except (ValueError, RecursionError) as error:  # ValueError: also integers of more than 4300 digits
-            raise ConfigError(f"{path}: not valid JSON ({error})") from None
         return cls.from_dict(values, source=str(path))
 
     @classmethod

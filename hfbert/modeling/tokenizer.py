@@ -14,7 +14,6 @@ Padding and truncation follow transformers' rules (argument defaults, `model_max
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import warnings
@@ -24,32 +23,28 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from converters.atomic_write import atomic_file
-from hfbert.modeling.config import ConfigError
-
-SPECIAL_TOKENS = {
-    "unk_token": "[UNK]",
-    "sep_token": "[SEP]",
-    "pad_token": "[PAD]",
-    "cls_token": "[CLS]",
-    "mask_token": "[MASK]",
-}
-# transformers' "no limit" (VERY_LARGE_INTEGER) when a config has no model_max_length; above LARGE_INTEGER a
-# limit counts as none, so truncation/padding "to the model's length" is then skipped.
-NO_MAX_LENGTH = int(1e30)
-_LARGE_INTEGER = int(1e20)
-# The largest real limit: the tokenizers library takes lengths up to 2**64 - 1 (OverflowError beyond), so a value
-# between this and _LARGE_INTEGER would be a limit no call could use.
-_MAX_REAL_LENGTH = 10**19
-_MAX_LENGTH_VALUES = (
-    "a positive integer up to 10**19, or a number above 1e20 for no limit (transformers writes int(1e30)), or null"
+from converters.tokenizer_files import read_vocab_txt
+from hfbert.modeling.tokenizer_files import (
+    LARGE_INTEGER,
+    NO_MAX_LENGTH,
+    SPECIAL_TOKENS,
+    added_tokens,
+    check_wordpiece_class,
+    model_max_length,
+    read_tokenizer_options,
+    token_text,
 )
-# The lists of extra special tokens a tokenizer config or special_tokens_map.json may hold.
-_TOKEN_LISTS = ("extra_special_tokens", "additional_special_tokens")
-# The tokenizers library takes only true / false for the first two. transformers reads the third by truthiness
-# (`if clean_up_tokenization_spaces:`), so 1 / 0 / null, as older configs write flags, are taken for it too.
-_BOOLEAN_OPTIONS = ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces")
-_TRUTHY_OPTIONS = ("clean_up_tokenization_spaces",)
-_ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+# The file reading moved to tokenizer_files.py; its public names stay importable from here.
+__all__ = [
+    "NO_MAX_LENGTH",
+    "SPECIAL_TOKENS",
+    "BatchEncoding",
+    "BertTokenizer",
+    "model_max_length",
+    "read_tokenizer_options",
+]
+
 _PADDING = {True: "longest", "longest": "longest", "max_length": "max_length", False: None, "do_not_pad": None}
 _TRUNCATION = {True: "longest_first", False: None, "do_not_truncate": None}
 _TRUNCATION.update({name: name for name in ("longest_first", "only_first", "only_second")})
@@ -80,7 +75,7 @@ class BertTokenizer:
         tokenizer.no_padding()
         # One call's padding/truncation settings live on the shared backend until the call ends.
         self._lock = threading.Lock()
-        self.special_tokens = {key: _token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
+        self.special_tokens = {key: token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
         self.model_max_length: int = model_max_length(config.get("model_max_length"), "the tokenizer config")
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
         ids = {key: tokenizer.token_to_id(token) for key, token in self.special_tokens.items()}
@@ -110,14 +105,14 @@ class BertTokenizer:
             if has_config and _normalizer_options(tokenizer) is not None:
                 tokenizer.normalizer = _bert_normalizer(config)
         elif (directory / "vocab.txt").is_file():
-            _check_wordpiece_class(own.get("tokenizer_class"), directory / "tokenizer_config.json")
+            check_wordpiece_class(own.get("tokenizer_class"), directory / "tokenizer_config.json")
             try:
                 tokenizer = _build_from_vocab(directory / "vocab.txt", config)
             except UnicodeDecodeError as error:
                 raise ValueError(f"{directory / 'vocab.txt'}: not valid UTF-8 ({error.reason})") from None
         else:
             raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
-        _add_tokens(tokenizer, config, own, special_map, directory)
+        _add_tokens(tokenizer, added_tokens(config, own, special_map, directory))
         return cls(tokenizer, config)
 
     def __getattr__(self, name: str) -> str:
@@ -286,7 +281,7 @@ class BertTokenizer:
             message = "max_length is ignored by padding=True without truncation (padding='max_length' uses it)"
             warnings.warn(message, stacklevel=3)
         if max_length is None:
-            has_limit = self.model_max_length <= _LARGE_INTEGER
+            has_limit = self.model_max_length <= LARGE_INTEGER
             max_length = self.model_max_length
             pad = None if pad == "max_length" and not has_limit else pad
             truncate = truncate if has_limit else None
@@ -328,13 +323,8 @@ def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None) -
 
 def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
     """The pipeline transformers' BertTokenizer(Fast)/BertConverter builds from vocab.txt and its options."""
-    vocab: dict[str, int] = {}
-    # Text mode (universal newlines) and stripping only "\n" is exactly transformers' load_vocab; str.splitlines
-    # would also split on \x0b, \x1c, \u2028, ... which real vocabularies contain.
-    with open(vocab_file, encoding="utf-8") as handle:
-        for index, line in enumerate(handle):
-            vocab[line.rstrip("\n")] = index  # a repeated token keeps its last line, as in transformers
-    specials = {key: _token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
+    vocab = read_vocab_txt(vocab_file)
+    specials = {key: token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
     for key in ("unk_token", "cls_token", "sep_token"):
         if specials[key] not in vocab:
             raise ValueError(f"{vocab_file}: the {key} {specials[key]!r} is not in the vocabulary")
@@ -362,87 +352,13 @@ def _normalizer_parts(normalizer: normalizers.Normalizer | None) -> list[normali
     return list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer]
 
 
-def _add_tokens(
-    tokenizer: Tokenizer,
-    config: dict[str, Any],
-    own: dict[str, Any],
-    special_map: dict[str, Any],
-    directory: Path,
-) -> None:
-    """Add the tokens transformers' BertTokenizer adds on top of the vocabulary (or tokenizer.json), in its order,
-    each unless the tokenizer has it already: a config from before transformers 4.34 (no `added_tokens_decoder`)
-    brings the legacy `added_tokens.json` (normalised, unless it is a special token); then the named special
-    tokens, matched on the raw text, so "[MASK]" in a text stays one token; then the extra special tokens
-    (`additional_special_tokens` / `extra_special_tokens` of tokenizer_config.json, else of
-    special_tokens_map.json). `config`: both files merged; `own`: tokenizer_config.json alone."""
-    extras = _token_list(own, "extra_special_tokens") or _token_list(own, "additional_special_tokens")
-    extras += _token_list(special_map, "extra_special_tokens")
-    specials = [_token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()]
-    tokens: list[AddedToken] = []
-    if "added_tokens_decoder" not in own:
-        # As transformers: the legacy map's additional_special_tokens are merged after the set of special tokens
-        # added_tokens.json is judged by is taken, so they do not make its tokens special.
-        special = set(specials) | {token.content for token in extras}
-        for text in _legacy_added_tokens(directory / "added_tokens.json"):
-            tokens.append(
-                AddedToken(text, lstrip=False, rstrip=False, normalized=text not in special, special=text in special)
-            )
-    tokens += [AddedToken(text, normalized=False, special=True) for text in specials]
-    has_extras = any(key in own for key in ("extra_special_tokens", "additional_special_tokens"))
-    tokens += extras if has_extras else extras + _token_list(special_map, "additional_special_tokens")
+def _add_tokens(tokenizer: Tokenizer, tokens: list[AddedToken]) -> None:
+    """Add each token unless the tokenizer has it already (tokenizer.json may list it)."""
     known = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
     for token in tokens:
         if token.content not in known:
             (tokenizer.add_special_tokens if token.special else tokenizer.add_tokens)([token])
             known.add(token.content)
-
-
-def _token_list(values: dict[str, Any], name: str) -> list[AddedToken]:
-    """A list of special tokens (strings, or AddedToken objects as dicts) from a tokenizer config, as AddedTokens."""
-    value = values.get(name) or []  # checked by read_tokenizer_options
-    tokens = []
-    for token in value:
-        if isinstance(token, dict):
-            flags = {key: token[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in token}
-            tokens.append(AddedToken(token["content"], special=True, **flags))
-        else:
-            tokens.append(AddedToken(token, normalized=False, special=True))
-    return tokens
-
-
-# transformers' tokenizers that build BERT's pipeline (BasicTokenizer + WordPiece, [CLS] / [SEP]) from a vocab.txt.
-_WORDPIECE_CLASSES = (
-    "BertTokenizer",
-    "DistilBertTokenizer",
-    "ElectraTokenizer",
-    "MobileBertTokenizer",
-    "SqueezeBertTokenizer",
-    "LayoutLMTokenizer",
-    "ConvBertTokenizer",
-    "LxmertTokenizer",
-    "RetriBertTokenizer",
-)
-
-
-def _check_wordpiece_class(tokenizer_class: Any, path: Path) -> None:
-    """ValueError naming the file when its `tokenizer_class` tokenizes a vocab.txt otherwise than BERT's WordPiece
-    (BertJapaneseTokenizer splits words with MeCab first; a custom class runs its own code): hfbert builds BERT's
-    pipeline only, and would give other ids silently."""
-    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in _WORDPIECE_CLASSES:
-        return
-    raise ValueError(
-        f"{path}: tokenizer_class {tokenizer_class!r} is not BERT's WordPiece tokenizer, the one hfbert builds from "
-        f"vocab.txt (it would give other ids); tokenize with transformers' tokenizer for this checkpoint"
-    )
-
-
-def _legacy_added_tokens(path: Path) -> list[str]:
-    """The tokens of a legacy added_tokens.json ({"token": id}), in id order; [] without the file."""
-    added = read_json_object(path)
-    if not all(isinstance(index, int) and not isinstance(index, bool) for index in added.values()):
-        raise ValueError(f"{path}: expected an object of token -> id (an integer)")
-    by_index = {index: token for token, index in added.items() if token}  # a repeated id keeps the last token
-    return [by_index[index] for index in sorted(by_index)]
 
 
 def _bert_normalizer(config: dict[str, Any]) -> normalizers.Normalizer:
@@ -465,103 +381,6 @@ def _normalizer_options(tokenizer: Tokenizer) -> dict[str, Any] | None:
         "strip_accents": state["strip_accents"],
         "tokenize_chinese_chars": state["handle_chinese_chars"],
     }
-
-
-def _token_text(token: str | dict[str, Any] | None, default: str) -> str:
-    if token is None:  # not set (null): the BERT default
-        return default
-    return token["content"] if isinstance(token, dict) else str(token)  # older configs store AddedToken dicts
-
-
-def read_tokenizer_options(path: Path) -> dict[str, Any]:
-    """tokenizer_config.json (or special_tokens_map.json) as a dict, every option hfbert reads checked:
-    `ConfigError` naming the file, the field and the values it accepts. `model_max_length` comes back an int."""
-    values = read_json_object(path)
-    for name in _BOOLEAN_OPTIONS:
-        if name not in values or isinstance(values[name], bool):
-            continue
-        if name in _TRUTHY_OPTIONS and values[name] in (0, 1, None):
-            values[name] = bool(values[name])
-        else:
-            raise _option_error(path, name, values[name], "true or false")
-    if values.get("strip_accents") is not None and not isinstance(values["strip_accents"], bool):
-        expected = "true, false or null (follow do_lower_case)"
-        raise _option_error(path, "strip_accents", values["strip_accents"], expected)
-    for name in SPECIAL_TOKENS:
-        if name in values and not (values[name] is None or _is_token(values[name])):
-            expected = 'a non-empty string, or an object with a "content" string (an AddedToken), or null'
-            raise _option_error(path, name, values[name], expected)
-    for name in _TOKEN_LISTS:
-        value = values.get(name)
-        if value and not (isinstance(value, list) and all(_is_token(token) and _flags_valid(token) for token in value)):
-            expected = 'a list of tokens (strings, or objects with a "content" string and true / false flags)'
-            raise _option_error(path, name, value, expected)
-    if "model_max_length" in values:
-        values["model_max_length"] = model_max_length(values["model_max_length"], path)
-    if "added_tokens_decoder" in values:
-        _check_added_tokens(values["added_tokens_decoder"], path)
-    return values
-
-
-def model_max_length(value: Any, source: str | os.PathLike) -> int:
-    """tokenizer_config.json's `model_max_length` as transformers takes it: null means no limit (NO_MAX_LENGTH);
-    above 1e20 is no limit too (kept, as transformers keeps it); else a positive integer the tokenizers library can
-    truncate to. `ConfigError` naming `source` otherwise."""
-    if value is None:
-        return NO_MAX_LENGTH
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if number is None or not math.isfinite(number) or number != int(number):
-        raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES)
-    if number > _LARGE_INTEGER or 1 <= number <= _MAX_REAL_LENGTH:
-        return int(number)
-    raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES)
-
-
-def _check_added_tokens(decoder: Any, path: Path) -> None:
-    expected = 'an object of token id -> {"content": "<token>", "special": true, ...} (flags true or false)'
-    if not isinstance(decoder, dict):
-        raise _option_error(path, "added_tokens_decoder", decoder, expected)
-    for key, spec in decoder.items():
-        valid = key.isdigit() and isinstance(spec, dict) and _is_token(spec)
-        valid = valid and _flags_valid(spec)
-        if not valid:
-            raise _option_error(path, "added_tokens_decoder", spec, expected, entry=key)
-
-
-def _flags_valid(token: Any) -> bool:
-    """Whether an AddedToken object's flags (lstrip, special, ...) are true or false, as the tokenizers library
-    takes them; a plain string has none."""
-    return not isinstance(token, dict) or all(
-        isinstance(token[flag], bool) for flag in _ADDED_TOKEN_FLAGS if flag in token
-    )
-
-
-def _is_token(value: Any) -> bool:
-    text = value.get("content") if isinstance(value, dict) else value
-    return isinstance(text, str) and text != ""
-
-
-def _option_error(
-    source: str | os.PathLike, name: str, value: Any, expected: str, entry: str | None = None
-) -> ConfigError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    where = f"field '{name}'" + (f" entry '{entry}'" if entry is not None else "")
-    return ConfigError(f"{os.fspath(source)}: {where} is {shown}; expected {expected}")
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from `path` ({} when there is no such file); ValueError naming the file otherwise."""
-    if not path.is_file():
-        return {}
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    # ValueError: bad JSON or UTF-8, integers of more than 4300 digits; RecursionError: deep nesting
-    except (ValueError, RecursionError) as error:
-        raise ValueError(f"{path}: not valid JSON ({' '.join(str(error).split())[:200]})") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
-    return values
 
 
 def _check_encodable(inputs: list[str | tuple[str, str]]) -> None:

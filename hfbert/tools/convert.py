@@ -30,6 +30,7 @@ from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
+from converters.json_files import read_json_object
 from converters.key_map import BACKBONE_PREFIX, TIED_DECODER, head_of, normalize_name
 from converters.loading import (
     check_auto_map,
@@ -41,7 +42,7 @@ from converters.loading import (
     without_model_auto_map,
 )
 from converters.writing import atomic_directory, copy_model_files, parse_size, write_safetensors
-from hfbert.modeling.config import BertConfig
+from hfbert.modeling.config import BertConfig, ConfigError
 
 
 def canonical_tensors(
@@ -83,7 +84,8 @@ def canonical_tensors(
     tensors |= {name: heads[name] for name in allowed if name in heads}
     if dtype is not None:
         tensors = {name: cast(name, tensor, dtype, directory) for name, tensor in tensors.items()}
-    config_values = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    # The file's own keys: config.to_dict() would write every default too.
+    config_values = read_json_object(directory / CONFIG_FILE, error=ConfigError)
     config_values = without_model_auto_map(config_values)
     if dtype is not None:
         for key in ("dtype", "torch_dtype"):
