@@ -1,9 +1,9 @@
 """The tools floor: jobs built on the model, each in its own file, each behind a CLI command (`hfbert/cli.py`).
 
 - `parity.py`: `hfbert parity`, hfbert against transformers against float64;
-- `embedding.py`: `hfbert embed` and `Embedder`, sentence embeddings;
+- `embedding.py`: `hfbert embed` and `Embedder`, sentence embeddings; `embedding_output.py`: where they are written;
 - `sentence_transformers_pipeline.py`: a checkpoint's sentence-transformers pipeline (pooling, Dense, Normalize),
-  read from its files and run in plain PyTorch, for `Embedder`;
+  read from its files into the modules of `sentence_transformers_modules.py`, for `Embedder` and parity;
 - `convert.py`, `inspect.py`: `hfbert convert` and `hfbert inspect`;
 - `texts.py`: reading input texts, one per line, once (`-`: standard input);
 - `progress.py`: progress on stderr, a bar on a terminal and lines in a log;

@@ -19,13 +19,10 @@ abs difference, per pooling mode, with and without Normalize and Dense, in both 
 How a large input runs (`embed_file`): the input (a text file, one text per line, or JSONL with a "text" field per
 line; `-` is standard input) is read once, front to back, in chunks of `CHUNK_SIZE` lines, never whole: a pipe
 works as well as a file. Each chunk is sorted by length so that batches hold texts of similar length (little
-padding), embedded batch by batch, put back in input order and appended to the output: a `.npy` file (float32,
-shape (texts, dimension); rows are written as they come, not memory-mapped, and the header with the count last)
-or a `.jsonl` file (one {"index", "embedding"} per line); with no output file, JSON lines on stdout. An output file
-is written beside its destination and renamed into place when complete (`converters.atomic_write`): a failed run
-leaves an existing output untouched and no partial file. When the number of texts is known beforehand (texts
-given as arguments, or a regular file), the `.npy` file's space is reserved first (`posix_fallocate`), so a disk
-too small fails before any work; in every case a full disk ends in one error naming the disk, never in a crash.
+padding), embedded batch by batch, put back in input order and appended to the output: a `.npy` or `.jsonl` file,
+written whole or not at all, its space reserved first when the number of texts is known (texts given as
+arguments, or a regular file), a full disk one error naming the disk (`hfbert.tools.embedding_output`); with no
+output file, JSON lines on stdout.
 
 Under `torchrun` (RANK and WORLD_SIZE set, WORLD_SIZE > 1) each process reads the whole input (a regular file) and
 embeds the lines i with i % WORLD_SIZE == RANK into a part file `.OUT.partial-rank{RANK}-of-{WORLD_SIZE}` beside
@@ -36,30 +33,18 @@ as a single-process run.
 
 from __future__ import annotations
 
-import errno
-import json
 import os
-import sys
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from converters.atomic_write import PARTIAL_MARK, atomic_file
 from converters.dtypes import DTYPES
-from hfbert.tools.extras import import_numpy
-from hfbert.tools.sentence_transformers_pipeline import (
-    POOLINGS,
-    Dense,
-    checkpoint_prompts,
-    pool,
-    prompt_text,
-    read_pipeline,
-)
+from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
+from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, SentenceModules
+from hfbert.tools.sentence_transformers_pipeline import checkpoint_prompts, prompt_text, read_pipeline
 from hfbert.tools.texts import check_unicode, read_texts
 
 CHUNK_SIZE = 10_000
@@ -137,31 +122,26 @@ class Embedder:
         self._override(modes, normalize, max_length, limit, prompt, prompt_name, directory)
         self.batch_size = batch_size
         self.max_length = self.pipeline.max_length
-        self.prompt_length = self._prompt_length()
-        self.dimension = self._dimension(config.hidden_size)
-        for step in self.pipeline.steps:
-            if isinstance(step, Dense):
-                step.linear.to(self.model.device)
-                step.activation.to(self.model.device)  # PReLU's slope
-                if isinstance(step.residual, nn.Linear):
-                    step.residual.to(self.model.device)
+        self.prompt_length = self.pipeline.modules.pooling.prompt_length = self._prompt_length()
+        self.dimension = self.pipeline.modules.dimension
+        self.pipeline.modules.to(self.model.device)
 
     def _override(self, modes, normalize, max_length, limit, prompt, prompt_name, directory) -> None:
         pipeline = self.pipeline
         if modes is not None and modes != pipeline.pooling:
-            dense = next((step for step in pipeline.steps if isinstance(step, Dense)), None)
+            dense = next((module for module in pipeline.modules if isinstance(module, Dense)), None)
             if dense is not None and len(modes) != len(pipeline.pooling):
                 raise ValueError(
                     f"pooling {'+'.join(modes)} gives {len(modes)} vectors per text, but the checkpoint's "
                     f"{dense.describe()} takes {dense.linear.in_features} values"
                 )
-            pipeline.pooling = modes
+            pipeline.modules.pooling.modes = modes
             pipeline.overrides.append(f"pooling {'+'.join(modes)}")
         if normalize is not None and normalize != pipeline.normalize:
             if normalize:
-                pipeline.steps.append("Normalize")
+                pipeline.modules.append(Normalize())
             else:
-                pipeline.steps = [step for step in pipeline.steps if step != "Normalize"]
+                pipeline.modules = SentenceModules(*(m for m in pipeline.modules if not isinstance(m, Normalize)))
             pipeline.overrides.append("Normalize" if normalize else "no Normalize")
         if max_length is not None:
             if not 1 <= max_length <= limit:
@@ -187,13 +167,6 @@ class Embedder:
         special = {self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id}
         special |= {self.tokenizer.unk_token_id, self.tokenizer.mask_token_id}
         return len(ids) - (ids[-1] in special)
-
-    def _dimension(self, hidden_size: int) -> int:
-        dimension = hidden_size * len(self.pipeline.pooling)
-        for step in self.pipeline.steps:
-            if isinstance(step, Dense):
-                dimension = step.linear.out_features
-        return dimension
 
     @property
     def pooling(self) -> tuple[str, ...]:
@@ -226,10 +199,7 @@ class Embedder:
                 return_tensors="pt",
             ).to(self.model.device)
             hidden = self.model(**batch, return_dict=True).last_hidden_state
-            vectors = pool(hidden, batch["attention_mask"], self.pipeline.pooling, self.prompt_length).float()
-            for step in self.pipeline.steps:
-                vectors = F.normalize(vectors, p=2, dim=-1) if step == "Normalize" else step(vectors)
-            result[indices] = vectors.cpu()
+            result[indices] = self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
             if progress is not None:
                 progress.update(len(indices))
         return result
@@ -247,169 +217,6 @@ def chunks(items: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[i
             chunk = []
     if chunk:
         yield chunk
-
-
-# -- output ---------------------------------------------------------------------------------------------------
-
-NPY_HEADER_BYTES = 128  # numpy's own header length for any 2-D float32 shape below 10**40 rows
-
-
-def npy_header(rows: int, dimension: int) -> bytes:
-    """The .npy (format 1.0) header numpy.save writes for a (rows, dimension) float32 C-order array."""
-    import io
-
-    numpy = import_numpy()
-    buffer = io.BytesIO()
-    header = {
-        "descr": numpy.lib.format.dtype_to_descr(numpy.dtype("<f4")),
-        "fortran_order": False,
-        "shape": (rows, dimension),
-    }
-    numpy.lib.format.write_array_header_1_0(buffer, header)
-    if len(buffer.getvalue()) != NPY_HEADER_BYTES:
-        raise ValueError(f"{rows} x {dimension}: too large for a .npy header of {NPY_HEADER_BYTES} bytes")
-    return buffer.getvalue()
-
-
-class NpyWriter:
-    """Rows appended in order to a float32 .npy file, written (not memory-mapped) as they come; the header, with
-    the final row count, is written by `close`. `reserve_rows`: the expected count, whose space is allocated first
-    (a disk too small fails at once, with ENOSPC)."""
-
-    def __init__(self, path: str | os.PathLike, dimension: int, reserve_rows: int | None = None) -> None:
-        self.path, self.dimension, self.row = Path(path), dimension, 0
-        self.handle = open(path, "wb")  # noqa: SIM115 - closed by close()
-        try:
-            if reserve_rows:
-                _reserve(self.handle, NPY_HEADER_BYTES + 4 * dimension * reserve_rows)
-            self.handle.write(npy_header(0, dimension))
-        except BaseException:
-            self.handle.close()
-            raise
-
-    def write(self, indices: list[int], embeddings: Tensor) -> None:
-        self.handle.write(embeddings.to(torch.float32).contiguous().numpy().tobytes())
-        self.row += len(indices)
-
-    def close(self, complete: bool = True) -> None:
-        if self.handle.closed:
-            return
-        if complete:
-            try:
-                self.handle.flush()
-                self.handle.seek(0)
-                self.handle.write(npy_header(self.row, self.dimension))
-                self.handle.truncate(NPY_HEADER_BYTES + 4 * self.dimension * self.row)  # space reserved beyond
-            except BaseException:
-                _finish(self.handle, complete=False)
-                raise
-        _finish(self.handle, complete)
-
-
-def _finish(handle: Any, complete: bool) -> None:
-    """Flush and fsync a complete output (a full disk shows here at the latest, not after the rename), then close;
-    an incomplete one is only closed, its own error never hiding the one that stopped the run."""
-    try:
-        if complete:
-            handle.flush()
-            os.fsync(handle.fileno())
-    finally:
-        try:
-            handle.close()
-        except OSError:
-            if complete:
-                raise
-
-
-def _reserve(handle, size: int) -> None:
-    """Allocate `size` bytes for an open file; filesystems without fallocate simply skip it."""
-    allocate = getattr(os, "posix_fallocate", None)
-    if allocate is None:
-        return
-    try:
-        allocate(handle.fileno(), 0, size)
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
-    except ValueError:
-        pass
-
-
-class JsonlWriter:
-    """One {"index", "embedding"} JSON object per line, to a file or stdout."""
-
-    def __init__(self, path: str | os.PathLike | None) -> None:
-        self.row = 0
-        # The writer owns the handle; close() closes it.
-        self.handle: TextIO = open(path, "w", encoding="utf-8") if path is not None else sys.stdout  # noqa: SIM115
-
-    def write(self, indices: list[int], embeddings: Tensor) -> None:
-        for index, vector in zip(indices, embeddings.tolist(), strict=True):
-            self.handle.write(json.dumps({"index": index, "embedding": vector}) + "\n")
-        self.row += len(indices)
-
-    def close(self, complete: bool = True) -> None:
-        if self.handle is sys.stdout:
-            self.handle.flush()
-            return
-        if self.handle.closed:
-            return
-        _finish(self.handle, complete)
-
-
-def open_writer(
-    path: str | os.PathLike | None, dimension: int, kind: str | None = None, reserve_rows: int | None = None
-) -> Any:
-    kind = kind or output_kind(path)
-    return NpyWriter(path, dimension, reserve_rows) if kind == ".npy" else JsonlWriter(path)
-
-
-def output_kind(path: str | os.PathLike | None) -> str:
-    if path is None:
-        return ".jsonl"
-    suffix = Path(path).suffix
-    if suffix not in (".npy", ".jsonl"):
-        raise ValueError(f"{path}: the output must be a .npy or a .jsonl file")
-    return suffix
-
-
-def disk_full(destination: str | os.PathLike, error: OSError, rows: int) -> OSError:
-    """One line for a write that found the disk full (ENOSPC) or the quota spent (EDQUOT), naming the disk."""
-    destination = Path(destination).absolute()
-    mount = destination.parent
-    while not os.path.ismount(mount) and mount != mount.parent:
-        mount = mount.parent
-    device = _mounted_device(mount)
-    try:
-        usage = os.statvfs(destination.parent)
-        available, size = usage.f_bavail * usage.f_frsize / 2**20, usage.f_blocks * usage.f_frsize / 2**20
-        free = f"{available:.1f} MiB free of {size:.1f} MiB"
-    except OSError:
-        free = "free space unknown"
-    what = "no space left" if error.errno == errno.ENOSPC else "disk quota exceeded"
-    full = OSError(
-        f"{destination}: {what} on the disk holding {destination.parent} ({device} mounted on {mount}, {free}) "
-        f"after {rows} embeddings; nothing was written, free some space or choose another --out"
-    )
-    full.errno = error.errno
-    return full
-
-
-def _mounted_device(mount: Path) -> str:
-    """ "/dev/vda1 (ext4)" for a mount point, from /proc/self/mounts (Linux); "the filesystem" elsewhere."""
-    import re
-
-    device = "the filesystem"
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return device
-    for line in lines:
-        fields = line.split()
-        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[1]) if len(fields) > 2 else ""
-        if point == str(mount):
-            device = f"{fields[0]} ({fields[2]})"  # the last mount on a point is the visible one
-    return device
 
 
 # -- the whole job --------------------------------------------------------------------------------------------
@@ -439,31 +246,15 @@ def embed_file(
     target = part_file(out, rank, world) if world > 1 else out
     share = len(range(rank, total, world)) if total is not None else None
     bar = Progress(share, "embed", "text", enabled=progress and rank == 0)
-    # Into a temporary file that replaces `target` only once every row is written: a failure on line 21 leaves
-    # an existing output as it was, never overwritten with 20 rows.
-    with ExitStack() as stack:
-        temporary = stack.enter_context(atomic_file(target)) if target is not None else None
-        writer = None
-        try:
-            writer = open_writer(temporary, embedder.dimension, kind, reserve_rows=share)
+    try:
+        with output_writer(target, embedder.dimension, kind, reserve_rows=share) as writer:
             mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
             mine = ((index, _checked(text, index)) for index, text in mine)
             for chunk in chunks(mine, chunk_size):
                 embeddings = embedder.embed([text for _, text in chunk], progress=bar)
                 writer.write([index for index, _ in chunk], embeddings)
-            writer.close()
-        except OSError as error:
-            if writer is not None:
-                writer.close(complete=False)
-            if target is not None and error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise disk_full(target, error, writer.row if writer else 0) from None
-            raise
-        except BaseException:
-            if writer is not None:
-                writer.close(complete=False)
-            raise
-        finally:
-            bar.close()
+    finally:
+        bar.close()
     if world > 1:
         return merge_under_torchrun(out, kind, rank, world, embedder.dimension) or writer.row
     return writer.row
@@ -473,77 +264,3 @@ def _checked(text: str, index: int) -> str:
     # A file's texts are checked by read_texts (file and line); texts given as a list are named by their place.
     check_unicode(text, f"text {index}")
     return text
-
-
-def part_file(out: str | os.PathLike, rank: int, world: int) -> str:
-    """The part file rank `rank` of `world` writes under torchrun: a hidden name beside `out` in the namespace of
-    hfbert's temporaries (`converters.atomic_write`), never a file a user could have (`OUT.rank0` could be one)."""
-    out = Path(out)
-    return str(out.with_name(f".{out.name}{PARTIAL_MARK}rank{rank}-of-{world}"))
-
-
-def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: int, dimension: int) -> int | None:
-    """Wait for every rank's part; rank 0 interleaves them back into input order (line i is in part i % world)
-    and returns the number of rows merged."""
-    import torch.distributed as dist
-
-    initialised_here = not dist.is_initialized()
-    if initialised_here:
-        dist.init_process_group("gloo")  # MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE come from torchrun
-    merged = None
-    try:
-        dist.barrier()  # every part is complete
-        if rank == 0:
-            parts = [part_file(out, r, world) for r in range(world)]
-            try:
-                merged = merge_parts(out, kind, parts, dimension)
-            except OSError as error:
-                if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise disk_full(out, error, 0) from None
-                raise
-            for part in parts:
-                os.remove(part)
-        dist.barrier()  # no rank exits before the merged file exists
-    finally:
-        if initialised_here:
-            dist.destroy_process_group()
-    return merged
-
-
-def merge_parts(out: str | os.PathLike, kind: str, parts: list[str], dimension: int) -> int:
-    """Interleave the parts (part r holds lines r, r + world, ...) into `out`, atomically; the number of rows."""
-    world = len(parts)
-    with atomic_file(out) as temporary:
-        if kind == ".jsonl":
-            with ExitStack() as stack:
-                handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
-                writer = stack.enter_context(open(temporary, "w", encoding="utf-8"))
-                total = 0
-                while line := handles[total % world].readline():
-                    writer.write(line)
-                    total += 1
-                if any(handle.readline() for handle in handles):
-                    raise ValueError(f"{out}: the part files of the ranks do not fit together")
-            return total
-        numpy = import_numpy()
-        arrays = [numpy.load(part, mmap_mode="r") for part in parts]
-        total = sum(len(array) for array in arrays)
-        if [len(array) for array in arrays] != [len(range(r, total, world)) for r in range(world)]:
-            raise ValueError(f"{out}: the part files of the ranks do not fit together")
-        writer = NpyWriter(temporary, dimension, reserve_rows=total)
-        try:
-            for start in range(0, total, CHUNK_SIZE):
-                stop = min(total, start + CHUNK_SIZE)
-                block = numpy.empty((stop - start, dimension), dtype=numpy.float32)
-                for r, array in enumerate(arrays):
-                    offset = (r - start) % world  # the first row of [start, stop) that part r holds
-                    first = (start + offset) // world
-                    rows = block[offset::world]
-                    rows[:] = array[first : first + len(rows)]
-                writer.handle.write(block.tobytes())
-                writer.row += len(block)
-            writer.close()
-        except BaseException:
-            writer.close(complete=False)
-            raise
-        return total

@@ -1,6 +1,7 @@
-"""The sentence-transformers pipeline of a checkpoint, read from its files and run in plain PyTorch: what
+"""The sentence-transformers pipeline of a checkpoint, read and validated from its files: what
 `SentenceTransformer(MODEL).encode(texts)` computes after the encoder, for the modules a BERT embedding checkpoint
-uses. `hfbert.tools.embedding.Embedder` runs it; sentence-transformers itself is never imported.
+uses, built as PyTorch modules (`hfbert.tools.sentence_transformers_modules`). `hfbert.tools.embedding.Embedder`
+and parity's sentence statistics run it; sentence-transformers itself is never imported.
 
 `read_pipeline(directory, ...)` reads `modules.json` and runs, in its order: Transformer (truncation at
 `max_seq_length`, `do_lower_case`), Pooling (`cls`, `max`, `mean`, `mean_sqrt_len_tokens`, `weightedmean`,
@@ -24,21 +25,18 @@ capped at `max_position_embeddings`. A default prompt (`config_sentence_transfor
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from converters.checkpoint_files import CheckpointTensors, read_weight_file
 from converters.errors import CheckpointError
+from converters.json_files import read_json, read_json_object
 from converters.loading import non_finite
+from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, Pooling, SentenceModules, pool
 
-# sentence-transformers' pooling modes, in the order its legacy booleans concatenate them.
-POOLINGS = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -68,120 +66,41 @@ ACTIVATIONS = {
 }
 
 
+# Dense and pool are re-exported from hfbert.tools.sentence_transformers_modules: their old import path.
 __all__ = ["POOLINGS", "SUPPORTED_MODULES", "Dense", "Pipeline", "pool", "read_pipeline"]
-
-# -- the pipeline -------------------------------------------------------------------------------------------
-
-
-def pool(
-    token_embeddings: Tensor, attention_mask: Tensor, pooling: str | Sequence[str], prompt_length: int = 0
-) -> Tensor:
-    """(batch, sequence, hidden) -> (batch, hidden x modes), sentence-transformers' `Pooling` formulas (several
-    modes are concatenated in the given order). `prompt_length` > 0: that many leading tokens are left out, as
-    `include_prompt=False` does."""
-    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
-    original_mask = attention_mask
-    if prompt_length:
-        attention_mask = attention_mask.clone()
-        attention_mask[:, :prompt_length] = 0  # right padding: the prompt is the first tokens
-    accumulation = torch.float32 if token_embeddings.dtype in (torch.float16, torch.bfloat16) else None
-    accumulation = accumulation or token_embeddings.dtype
-    vectors = []
-    for mode in modes:
-        if mode == "cls":
-            first = attention_mask.to(torch.int).argmax(dim=1)
-            vectors.append(token_embeddings[torch.arange(len(first)), first])
-        elif mode == "max":
-            mask = attention_mask.unsqueeze(-1).expand_as(token_embeddings)
-            vectors.append(token_embeddings.masked_fill(mask == 0, float("-inf")).max(dim=1).values)
-        elif mode in ("mean", "mean_sqrt_len_tokens"):
-            mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
-            total = (token_embeddings * mask).sum(dim=1, dtype=accumulation)
-            count = torch.clamp(mask.sum(dim=1, dtype=accumulation), min=1e-9)
-            vectors.append((total / (count if mode == "mean" else count.sqrt())).to(token_embeddings.dtype))
-        elif mode == "weightedmean":
-            mask = attention_mask.unsqueeze(-1).to(accumulation)
-            positions = torch.arange(1, token_embeddings.shape[1] + 1, device=mask.device, dtype=accumulation)
-            weights = positions.view(1, -1, 1) - original_mask.to(torch.int32).argmax(dim=1).view(-1, 1, 1)
-            weighted = mask * weights
-            total = (token_embeddings * weighted).sum(dim=1)
-            vectors.append((total / torch.clamp(weighted.sum(dim=1), min=1e-9)).to(token_embeddings.dtype))
-        elif mode == "lasttoken":
-            length = token_embeddings.shape[1]
-            values, indices = attention_mask.flip(1).max(1)
-            indices = torch.where(values == 0, length - 1, indices)
-            masked = token_embeddings * attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
-            vectors.append(masked[torch.arange(len(indices)), length - indices - 1])
-        else:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {mode!r}")
-    return torch.cat(vectors, dim=-1)
-
-
-@dataclass
-class Dense:
-    """sentence-transformers' Dense module: activation(linear(x)) (+ x, or a projection of x, with a residual)."""
-
-    linear: nn.Linear
-    activation: nn.Module
-    residual: nn.Linear | nn.Identity | None = None
-    name: str = "Dense"
-
-    def __call__(self, vectors: Tensor) -> Tensor:
-        output = self.activation(self.linear(vectors))
-        return output if self.residual is None else output + self.residual(vectors)
-
-    def describe(self) -> str:
-        activation = type(self.activation).__name__
-        return f"Dense({self.linear.in_features}->{self.linear.out_features}, {activation})"
 
 
 @dataclass
 class Pipeline:
-    """What runs after the encoder, and how texts are prepared for it; see the module docstring."""
+    """How texts are prepared for the encoder, and the modules that run after it (`modules`: pooling, Dense,
+    Normalize; `modules(token_embeddings, attention_mask)` gives the embeddings); see the module docstring."""
 
-    pooling: tuple[str, ...] = ("mean",)
+    modules: SentenceModules
     max_length: int = 512
-    steps: list[Any] = field(default_factory=list)  # Dense modules and the string "Normalize", in order
-    include_prompt: bool = True
     prompt: str | None = None
     do_lower_case: bool = False
     source: str = ""  # where it came from
     overrides: list[str] = field(default_factory=list)  # what the caller's options changed
 
     @property
+    def pooling(self) -> tuple[str, ...]:
+        return self.modules.pooling.modes
+
+    @property
+    def include_prompt(self) -> bool:
+        return self.modules.pooling.include_prompt
+
+    @property
     def normalize(self) -> bool:
-        return "Normalize" in self.steps
+        return any(isinstance(module, Normalize) for module in self.modules)
 
     def describe(self) -> str:
         length = f"max_seq_length={self.max_length}" + (", do_lower_case" if self.do_lower_case else "")
-        pooling = "+".join(self.pooling) + ("" if self.include_prompt else ", prompt excluded")
-        parts = [f"Transformer({length})", f"Pooling({pooling})"]
-        parts += [step if isinstance(step, str) else step.describe() for step in self.steps]
+        parts = [f"Transformer({length})"] + [module.describe() for module in self.modules]
         text = f"{self.source}: {' -> '.join(parts)}"
         if self.prompt:
             text += f"; prompt {self.prompt!r}"
         return text + (f" (overridden: {', '.join(self.overrides)})" if self.overrides else "")
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; {} when there is no such file; ValueError naming the file otherwise."""
-    try:
-        value = _load_json(path)
-    except FileNotFoundError:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return value
-
-
-def _load_json(path: Path) -> Any:
-    """The JSON value in `path`; ValueError naming the file for bad UTF-8, bad JSON, integers of more than 4300
-    digits and nesting deeper than Python's recursion limit (100,000 brackets)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        reason = " ".join(str(error).split())[:200] if isinstance(error, ValueError) else "nested too deeply"
-        raise ValueError(f"{path}: not valid JSON ({reason})") from None
 
 
 def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
@@ -201,11 +120,11 @@ def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
     return name, folder
 
 
-def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...], bool]:
+def _pooling(directory: Path, hidden_size: int) -> Pooling:
     config_file = directory / "config.json"
     if not config_file.is_file():  # sentence-transformers cannot build the module either: never a silent mean
         raise ValueError(f"{config_file}: missing; modules.json lists a Pooling module here, which needs its config")
-    config = read_json(config_file)
+    config = read_json_object(config_file)
     if "pooling_mode" not in config:
         # The legacy flags, read as sentence-transformers reads them: by truthiness (older configs write 1 / 0);
         # none set means mean.
@@ -220,7 +139,8 @@ def _pooling_config(directory: Path, hidden_size: int) -> tuple[tuple[str, ...],
         raise ValueError(
             f"{config_file}: pooling over dimension {dimension}, but the encoder's hidden size is {hidden_size}"
         )
-    return modes, bool(config.get("include_prompt", True))  # truthiness, as sentence-transformers' `if not ...`
+    # include_prompt by truthiness, as sentence-transformers' `if not ...`
+    return Pooling(modes, hidden_size, include_prompt=bool(config.get("include_prompt", True)))
 
 
 def _activation(name: Any, config_file: Path) -> nn.Module:
@@ -239,7 +159,7 @@ def _activation(name: Any, config_file: Path) -> nn.Module:
 
 def _dense(directory: Path, in_features: int) -> Dense:
     config_file = directory / "config.json"
-    config = read_json(config_file)
+    config = read_json_object(config_file, missing_ok=True)
     try:
         inputs, outputs, bias = int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True))
     except (KeyError, TypeError, ValueError):
@@ -276,17 +196,9 @@ def _dense(directory: Path, in_features: int) -> Dense:
     unexpected = sorted(set(tensors.tensors) - set(expected))
     if unexpected:  # sentence-transformers refuses them too
         raise CheckpointError(f"{tensors.files[0]}: tensor {unexpected[0]!r} is not a weight of this Dense module")
-    state = {name: tensors.tensors[name].float() for name in expected}
-    linear.load_state_dict(_part(state, "linear."), assign=True)
-    if isinstance(residual, nn.Linear):
-        residual.load_state_dict(_part(state, "residual."), assign=True)
-    activation.load_state_dict(_part(state, "activation_function."))
-    return Dense(linear.eval(), activation, residual)
-
-
-def _part(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of `state` under `prefix`, named as the submodule names them."""
-    return {name.removeprefix(prefix): tensor for name, tensor in state.items() if name.startswith(prefix)}
+    dense = Dense(linear, activation, residual)
+    dense.load_state_dict({name: tensors.tensors[name].float() for name in expected}, assign=True)
+    return dense.eval()
 
 
 def _dense_weights(directory: Path) -> CheckpointTensors:
@@ -311,17 +223,17 @@ def read_pipeline(
     modules_file = directory / "modules.json"
     if not modules_file.is_file():
         return Pipeline(
-            ("mean",),
+            SentenceModules(Pooling(("mean",), hidden_size)),
             capped,
             source="no sentence-transformers modules.json (mean pooling, as SentenceTransformer does)",
         )
-    entries = _load_json(modules_file)
+    entries = read_json(modules_file)
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
     kinds = [_module_kind(entry, modules_file) for entry in entries]
     if kinds[0][0] != "Transformer" or kinds[0][1] not in ("", "."):
         raise ValueError(f"{modules_file}: the first module must be the Transformer at the checkpoint's root")
-    transformer = read_json(directory / "sentence_bert_config.json")
+    transformer = read_json_object(directory / "sentence_bert_config.json", missing_ok=True)
     length = transformer.get("max_seq_length")
     if length is None:
         max_length = capped
@@ -331,33 +243,30 @@ def read_pipeline(
         raise ValueError(
             f"{directory / 'sentence_bert_config.json'}: max_seq_length {length!r}; expected a positive integer"
         )
-    # Truthiness, as sentence-transformers' `if do_lower_case:`.
-    pipeline = Pipeline(max_length=max_length, do_lower_case=bool(transformer.get("do_lower_case")))
-    pipeline.source = "sentence-transformers (modules.json)"
-    dimension, pooled = hidden_size, False
+    modules: SentenceModules | None = None
     for name, folder in kinds[1:]:
         if name == "Transformer":
             raise ValueError(f"{modules_file}: a second Transformer module; hfbert embed runs one encoder")
         if name == "Pooling":
-            if pooled:
+            if modules is not None:
                 raise ValueError(f"{modules_file}: a second Pooling module")
-            pipeline.pooling, pipeline.include_prompt = _pooling_config(directory / folder, hidden_size)
-            dimension, pooled = hidden_size * len(pipeline.pooling), True
-        elif not pooled and name != "Dropout":
+            modules = SentenceModules(_pooling(directory / folder, hidden_size))
+        elif modules is None and name != "Dropout":
             raise ValueError(f"{modules_file}: {name} before Pooling; hfbert embed pools the token embeddings first")
         elif name == "Dense":
-            dense = _dense(directory / folder, dimension)
-            pipeline.steps.append(dense)
-            dimension = dense.linear.out_features
+            modules.append(_dense(directory / folder, modules.dimension))
         elif name == "Normalize":
-            config = read_json(directory / folder / "config.json")
+            config = read_json_object(directory / folder / "config.json", missing_ok=True)
             if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
                 raise ValueError(
                     f"{directory / folder / 'config.json'}: hfbert embed normalizes the sentence embedding only"
                 )
-            pipeline.steps.append("Normalize")
-    if not pooled:
+            modules.append(Normalize())
+    if modules is None:
         raise ValueError(f"{modules_file}: no Pooling module; hfbert embed returns one vector per text")
+    # do_lower_case by truthiness, as sentence-transformers' `if do_lower_case:`.
+    lower = bool(transformer.get("do_lower_case"))
+    pipeline = Pipeline(modules, max_length, do_lower_case=lower, source="sentence-transformers (modules.json)")
     table, default = checkpoint_prompts(directory)
     if default is not None:
         if default not in table:
@@ -373,7 +282,7 @@ def checkpoint_prompts(directory: Path) -> tuple[dict[str, Any], str | None]:
     """config_sentence_transformers.json's prompts (name -> text) and default prompt name; ValueError naming the
     file and field when either has the wrong type (a list of prompts, a name that is no string)."""
     path = Path(directory) / PROMPTS_FILE
-    config = read_json(path)
+    config = read_json_object(path, missing_ok=True)
     table = config.get("prompts") or {}
     if not isinstance(table, dict):
         raise ValueError(f"{path}: prompts is {_shown(table)}; expected an object of prompt name -> text")

@@ -9,17 +9,20 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from hfbert.tools.sentence_transformers_pipeline import Pipeline
+
 RETRIEVAL_K = 5
 CASE = "right padding"  # every text once, in order, batched as an embedding service batches them
 
 
-def read_sentence_pipeline(directory: Path, config: Any, tokenizer_max_length: int) -> Any | None:
+def read_sentence_pipeline(directory: Path, config: Any, tokenizer_max_length: int) -> Pipeline | None:
     """The checkpoint's sentence-transformers pipeline, or None when it has no modules.json (then there are no
     sentence embeddings to judge)."""
     if not (Path(directory) / "modules.json").is_file():
@@ -29,25 +32,13 @@ def read_sentence_pipeline(directory: Path, config: Any, tokenizer_max_length: i
     return read_pipeline(Path(directory), config.hidden_size, config.max_position_embeddings, tokenizer_max_length)
 
 
-def embed(pipeline: Any, tokens: Tensor, mask: Tensor) -> Tensor:
-    """`pipeline` after the encoder on (batch, sequence, hidden) token outputs, in their dtype (float64 stays
-    float64: the Dense layers are cast to it)."""
-    from hfbert.tools.sentence_transformers_pipeline import pool
-
-    vectors = pool(tokens, mask, pipeline.pooling)
-    for step in pipeline.steps:
-        if step == "Normalize":
-            vectors = F.normalize(vectors, p=2, dim=1)
-        elif isinstance(step, str):
-            continue
-        else:
-            if step.linear.weight.dtype != vectors.dtype:
-                step = copy.deepcopy(step)
-                for module in (step.linear, step.activation, step.residual):
-                    if isinstance(module, torch.nn.Module):
-                        module.to(vectors.dtype)
-            vectors = step(vectors)
-    return vectors
+def embed(pipeline: Pipeline, tokens: Tensor, mask: Tensor) -> Tensor:
+    """`pipeline`'s modules after the encoder on (batch, sequence, hidden) token outputs, in their dtype (float64
+    stays float64: a copy of the modules is cast to it)."""
+    modules = pipeline.modules
+    if modules.dtype != tokens.dtype:
+        modules = copy.deepcopy(modules).to(tokens.dtype)
+    return modules(tokens, mask)
 
 
 @dataclass

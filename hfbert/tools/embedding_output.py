@@ -1,0 +1,293 @@
+"""Where `hfbert embed`'s embeddings go (`hfbert.tools.embedding.embed_file` computes them): a `.npy` file (float32,
+shape (texts, dimension); rows are written as they come, not memory-mapped, and the header with the count last) or
+a `.jsonl` file (one {"index", "embedding"} per line); with no output file, JSON lines on stdout.
+
+An output file is written beside its destination and renamed into place when complete (`converters.atomic_write`):
+a failed run leaves an existing output untouched and no partial file. When the number of texts is known
+beforehand, the `.npy` file's space is reserved first (`posix_fallocate`), so a disk too small fails before any
+work; in every case a full disk ends in one error naming the disk (`disk_full`), never in a crash.
+
+Under `torchrun` each rank writes a part file (`part_file`); rank 0 merges them in input order into the output and
+deletes them (`merge_under_torchrun`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import Tensor
+
+from converters.atomic_write import PARTIAL_MARK, atomic_file
+from hfbert.tools.extras import import_numpy
+
+MERGE_ROWS = 10_000  # rows interleaved per block when merging the ranks' parts: memory bounded by it, not the input
+__all__ = ["disk_full", "merge_under_torchrun", "open_writer", "output_kind", "output_writer", "part_file"]
+
+
+NPY_HEADER_BYTES = 128  # numpy's own header length for any 2-D float32 shape below 10**40 rows
+
+
+def npy_header(rows: int, dimension: int) -> bytes:
+    """The .npy (format 1.0) header numpy.save writes for a (rows, dimension) float32 C-order array."""
+    import io
+
+    numpy = import_numpy()
+    buffer = io.BytesIO()
+    header = {
+        "descr": numpy.lib.format.dtype_to_descr(numpy.dtype("<f4")),
+        "fortran_order": False,
+        "shape": (rows, dimension),
+    }
+    numpy.lib.format.write_array_header_1_0(buffer, header)
+    if len(buffer.getvalue()) != NPY_HEADER_BYTES:
+        raise ValueError(f"{rows} x {dimension}: too large for a .npy header of {NPY_HEADER_BYTES} bytes")
+    return buffer.getvalue()
+
+
+class NpyWriter:
+    """Rows appended in order to a float32 .npy file, written (not memory-mapped) as they come; the header, with
+    the final row count, is written by `close`. `reserve_rows`: the expected count, whose space is allocated first
+    (a disk too small fails at once, with ENOSPC)."""
+
+    def __init__(self, path: str | os.PathLike, dimension: int, reserve_rows: int | None = None) -> None:
+        self.path, self.dimension, self.row = Path(path), dimension, 0
+        self.handle = open(path, "wb")  # noqa: SIM115 - closed by close()
+        try:
+            if reserve_rows:
+                _reserve(self.handle, NPY_HEADER_BYTES + 4 * dimension * reserve_rows)
+            self.handle.write(npy_header(0, dimension))
+        except BaseException:
+            self.handle.close()
+            raise
+
+    def write(self, indices: list[int], embeddings: Tensor) -> None:
+        self.handle.write(embeddings.to(torch.float32).contiguous().numpy().tobytes())
+        self.row += len(indices)
+
+    def close(self, complete: bool = True) -> None:
+        if self.handle.closed:
+            return
+        if complete:
+            try:
+                self.handle.flush()
+                self.handle.seek(0)
+                self.handle.write(npy_header(self.row, self.dimension))
+                self.handle.truncate(NPY_HEADER_BYTES + 4 * self.dimension * self.row)  # space reserved beyond
+            except BaseException:
+                _finish(self.handle, complete=False)
+                raise
+        _finish(self.handle, complete)
+
+
+def _finish(handle: Any, complete: bool) -> None:
+    """Flush and fsync a complete output (a full disk shows here at the latest, not after the rename), then close;
+    an incomplete one is only closed, its own error never hiding the one that stopped the run."""
+    try:
+        if complete:
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        try:
+            handle.close()
+        except OSError:
+            if complete:
+                raise
+
+
+def _reserve(handle, size: int) -> None:
+    """Allocate `size` bytes for an open file; filesystems without fallocate simply skip it."""
+    allocate = getattr(os, "posix_fallocate", None)
+    if allocate is None:
+        return
+    try:
+        allocate(handle.fileno(), 0, size)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+    except ValueError:
+        pass
+
+
+class JsonlWriter:
+    """One {"index", "embedding"} JSON object per line, to a file or stdout."""
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.row = 0
+        # The writer owns the handle; close() closes it.
+        self.handle: TextIO = open(path, "w", encoding="utf-8") if path is not None else sys.stdout  # noqa: SIM115
+
+    def write(self, indices: list[int], embeddings: Tensor) -> None:
+        for index, vector in zip(indices, embeddings.tolist(), strict=True):
+            self.handle.write(json.dumps({"index": index, "embedding": vector}) + "\n")
+        self.row += len(indices)
+
+    def close(self, complete: bool = True) -> None:
+        if self.handle is sys.stdout:
+            self.handle.flush()
+            return
+        if self.handle.closed:
+            return
+        _finish(self.handle, complete)
+
+
+def open_writer(
+    path: str | os.PathLike | None, dimension: int, kind: str | None = None, reserve_rows: int | None = None
+) -> Any:
+    kind = kind or output_kind(path)
+    return NpyWriter(path, dimension, reserve_rows) if kind == ".npy" else JsonlWriter(path)
+
+
+def output_kind(path: str | os.PathLike | None) -> str:
+    if path is None:
+        return ".jsonl"
+    suffix = Path(path).suffix
+    if suffix not in (".npy", ".jsonl"):
+        raise ValueError(f"{path}: the output must be a .npy or a .jsonl file")
+    return suffix
+
+
+def disk_full(destination: str | os.PathLike, error: OSError, rows: int) -> OSError:
+    """One line for a write that found the disk full (ENOSPC) or the quota spent (EDQUOT), naming the disk."""
+    destination = Path(destination).absolute()
+    mount = destination.parent
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    device = _mounted_device(mount)
+    try:
+        usage = os.statvfs(destination.parent)
+        available, size = usage.f_bavail * usage.f_frsize / 2**20, usage.f_blocks * usage.f_frsize / 2**20
+        free = f"{available:.1f} MiB free of {size:.1f} MiB"
+    except OSError:
+        free = "free space unknown"
+    what = "no space left" if error.errno == errno.ENOSPC else "disk quota exceeded"
+    full = OSError(
+        f"{destination}: {what} on the disk holding {destination.parent} ({device} mounted on {mount}, {free}) "
+        f"after {rows} embeddings; nothing was written, free some space or choose another --out"
+    )
+    full.errno = error.errno
+    return full
+
+
+def _mounted_device(mount: Path) -> str:
+    """ "/dev/vda1 (ext4)" for a mount point, from /proc/self/mounts (Linux); "the filesystem" elsewhere."""
+    import re
+
+    device = "the filesystem"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return device
+    for line in lines:
+        fields = line.split()
+        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[1]) if len(fields) > 2 else ""
+        if point == str(mount):
+            device = f"{fields[0]} ({fields[2]})"  # the last mount on a point is the visible one
+    return device
+
+
+@contextmanager
+def output_writer(
+    target: str | os.PathLike | None, dimension: int, kind: str, reserve_rows: int | None = None
+) -> Iterator[Any]:
+    """A writer (`open_writer`) whose rows appear in `target` only once the block it opens ends without error: into
+    a temporary file that then replaces `target`, so a failure on line 21 leaves an existing output as it was, never
+    overwritten with 20 rows. A full disk or spent quota ends in `disk_full`'s one line."""
+    with ExitStack() as stack:
+        temporary = stack.enter_context(atomic_file(target)) if target is not None else None
+        writer = None
+        try:
+            writer = open_writer(temporary, dimension, kind, reserve_rows)
+            yield writer
+            writer.close()
+        except OSError as error:
+            if writer is not None:
+                writer.close(complete=False)
+            if target is not None and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise disk_full(target, error, writer.row if writer else 0) from None
+            raise
+        except BaseException:
+            if writer is not None:
+                writer.close(complete=False)
+            raise
+
+
+def part_file(out: str | os.PathLike, rank: int, world: int) -> str:
+    """The part file rank `rank` of `world` writes under torchrun: a hidden name beside `out` in the namespace of
+    hfbert's temporaries (`converters.atomic_write`), never a file a user could have (`OUT.rank0` could be one)."""
+    out = Path(out)
+    return str(out.with_name(f".{out.name}{PARTIAL_MARK}rank{rank}-of-{world}"))
+
+
+def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: int, dimension: int) -> int | None:
+    """Wait for every rank's part; rank 0 interleaves them back into input order (line i is in part i % world)
+    and returns the number of rows merged."""
+    import torch.distributed as dist
+
+    initialised_here = not dist.is_initialized()
+    if initialised_here:
+        dist.init_process_group("gloo")  # MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE come from torchrun
+    merged = None
+    try:
+        dist.barrier()  # every part is complete
+        if rank == 0:
+            parts = [part_file(out, r, world) for r in range(world)]
+            try:
+                merged = merge_parts(out, kind, parts, dimension)
+            except OSError as error:
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise disk_full(out, error, 0) from None
+                raise
+            for part in parts:
+                os.remove(part)
+        dist.barrier()  # no rank exits before the merged file exists
+    finally:
+        if initialised_here:
+            dist.destroy_process_group()
+    return merged
+
+
+def merge_parts(out: str | os.PathLike, kind: str, parts: list[str], dimension: int) -> int:
+    """Interleave the parts (part r holds lines r, r + world, ...) into `out`, atomically; the number of rows."""
+    world = len(parts)
+    with atomic_file(out) as temporary:
+        if kind == ".jsonl":
+            with ExitStack() as stack:
+                handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
+                writer = stack.enter_context(open(temporary, "w", encoding="utf-8"))
+                total = 0
+                while line := handles[total % world].readline():
+                    writer.write(line)
+                    total += 1
+                if any(handle.readline() for handle in handles):
+                    raise ValueError(f"{out}: the part files of the ranks do not fit together")
+            return total
+        numpy = import_numpy()
+        arrays = [numpy.load(part, mmap_mode="r") for part in parts]
+        total = sum(len(array) for array in arrays)
+        if [len(array) for array in arrays] != [len(range(r, total, world)) for r in range(world)]:
+            raise ValueError(f"{out}: the part files of the ranks do not fit together")
+        writer = NpyWriter(temporary, dimension, reserve_rows=total)
+        try:
+            for start in range(0, total, MERGE_ROWS):
+                stop = min(total, start + MERGE_ROWS)
+                block = numpy.empty((stop - start, dimension), dtype=numpy.float32)
+                for r, array in enumerate(arrays):
+                    offset = (r - start) % world  # the first row of [start, stop) that part r holds
+                    first = (start + offset) // world
+                    rows = block[offset::world]
+                    rows[:] = array[first : first + len(rows)]
+                writer.handle.write(block.tobytes())
+                writer.row += len(block)
+            writer.close()
+        except BaseException:
+            writer.close(complete=False)
+            raise
+        return total
