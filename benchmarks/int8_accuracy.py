@@ -18,24 +18,19 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import hfbert
-from benchmarks.peers import (
-    convert_ctranslate2,
-    ctranslate2_engine,
-    export_onnx,
-    fuse_onnx,
-    onnxruntime_engine,
-    quantize_onnx,
-    real_texts,
-)
+from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
+from benchmarks.peers import real_texts
 from hfbert.inference import int8
 from hfbert.inference.fused import FusedSelfAttention
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.tools.parity import default_texts
+from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine
 
 BATCH = 8
 THREADS = 2
@@ -80,8 +75,9 @@ def hfbert_int8(directory: Path, per_tensor: bool = False) -> Run:
     return lambda batch: model(**batch).last_hidden_state
 
 
-def engine_run(engine) -> Run:
-    return lambda batch: engine.run(engine.prepare(batch))
+def engine_run(engine: Any) -> Run:
+    """An engine of `hfbert parity --artifact` (hfbert/tools/parity/engines/)."""
+    return lambda batch: engine.run(batch)["last_hidden_state"]
 
 
 def main() -> int:
@@ -104,16 +100,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
         config = hfbert.BertConfig.from_json_file(directory / "config.json")
-        fused, _ = fuse_onnx(export_onnx(directory, work / "plain.onnx"), work / "fused.onnx", config)
+        heads, hidden = config.num_attention_heads, config.hidden_size
+        fused, _ = fuse_onnx(export_onnx(directory, work / "plain.onnx"), work / "fused.onnx", heads, hidden)
+        ctranslate2 = convert_ctranslate2(directory, work)
         engines: dict[str, Run] = {
             "hfbert int8 (per token: what runs)": hfbert_int8(directory),
             "hfbert's int8 product, per tensor (not run)": hfbert_int8(directory, per_tensor=True),
             "ONNX Runtime int8": engine_run(
-                onnxruntime_engine(quantize_onnx(fused, work / "int8.onnx"), THREADS, notes=[])
+                onnxruntime_engine.load(quantize_onnx(fused, work / "int8.onnx"), hidden, THREADS)
             ),
-            "CTranslate2 int8": engine_run(
-                ctranslate2_engine(convert_ctranslate2(directory, work), THREADS, compute_type="int8")
-            ),
+            "CTranslate2 int8": engine_run(ctranslate2_engine.load(ctranslate2, hidden, THREADS, compute_type="int8")),
         }
         rows = []
         for name, run in engines.items():

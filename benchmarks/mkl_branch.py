@@ -22,18 +22,17 @@ is the measurement that decides where.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.busy import cpu_seconds, others_cores
+from benchmarks import common
+from benchmarks.busy import BusyMeter
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.platform.mkl import SETTING, SWITCH, USER_SETTINGS, cpu_vendor
 
@@ -106,7 +105,7 @@ def ask(process: subprocess.Popen, name: str) -> float:
 
 
 def measure(rounds: int, threads: int) -> dict:
-    started, before = time.perf_counter(), cpu_seconds()
+    meter = BusyMeter()
     load = os.getloadavg()[0]
     workers = {name: start(setting, threads) for name, setting in SETTINGS.items()}
     times: dict[str, dict[str, list[float]]] = {name: {cell: [] for cell in REPEATS} for name in SETTINGS}
@@ -118,7 +117,7 @@ def measure(rounds: int, threads: int) -> dict:
     for process, _ in workers.values():
         process.stdin.close()
         process.wait(timeout=60)
-    seconds = time.perf_counter() - started
+    seconds = meter.seconds()
     return {
         "machine": {
             "cpu": cpu_name(),
@@ -128,7 +127,7 @@ def measure(rounds: int, threads: int) -> dict:
             "cores": os.cpu_count(),
             "torch": torch.__version__,
             "load_before": load,
-            "others_cores": others_cores(before, cpu_seconds(), seconds),
+            "others_cores": meter.cores(),
             "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         },
         "branches": {name: branch for name, (_, branch) in workers.items()},
@@ -163,19 +162,15 @@ def markdown(result: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, threads=True)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="default: torch's count")
-    parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = common.parse(parser)
     if args.worker:
         return worker(args.threads)
     result = measure(args.rounds, args.threads)
     print(markdown(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    common.write(args, None, result)
     return 0
 
 

@@ -20,15 +20,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
 import torch
 
 import hfbert
+from benchmarks import common
 from benchmarks.benchmark import batch, interleaved, make_checkpoint, mixed_batches
-from benchmarks.busy import cpu_seconds, others_cores
+from benchmarks.busy import BusyMeter
 from hfbert.inference import packed_layers
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
@@ -38,7 +38,7 @@ MODES = {"plain": None, "optimized": {}, "optimized high": {"precision": "high"}
 
 def one_run(threads: int) -> dict:
     torch.set_num_threads(threads)
-    started, before = time.perf_counter(), cpu_seconds()
+    meter = BusyMeter()
     rows = {
         "dense 8x128": ([batch([128] * 8, 1000, "cpu")], 5, 1),
         "mixed, 64 seqs": (mixed_batches(64, "cpu"), 3, 1),
@@ -65,17 +65,14 @@ def one_run(threads: int) -> dict:
             times, _ = interleaved({name: runner(model) for name, model in models.items()}, batches, repeats, 1, "cpu")
             medians = {name: statistics.median(values) / calls for name, values in times.items()}
             result[row] = {"seconds": medians, "ratio": {name: medians[name] / medians["plain"] for name in medians}}
-    seconds = time.perf_counter() - started
-    return {"rows": result, "swapped": swapped, "others_cores": others_cores(before, cpu_seconds(), seconds)}
+    return {"rows": result, "swapped": swapped, "others_cores": meter.cores()}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, threads=True)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="default: torch's count")
-    parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a run, its JSON on stdout
-    args = parser.parse_args()
+    args = common.parse(parser)
     if args.one:
         print(json.dumps(one_run(args.threads)))
         return 0
@@ -96,8 +93,7 @@ def main() -> int:
                 cells.append(f"{numbers['seconds'][name] * 1e3:.1f} ms ({ratio:.2f}x{', SLOWER' if ratio > 1 else ''})")
             print(f"| {row} | {' | '.join(cells)} |")
     print(f"\n{slower} of {args.runs * 3 * 2} cells slower than the plain model.")
-    if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "mkl_branch": mkl_branch()}, indent=2) + "\n")
+    common.write(args, None, {"runs": runs, "mkl_branch": mkl_branch()})
     return 0
 
 

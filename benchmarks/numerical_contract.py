@@ -42,8 +42,8 @@ import transformers
 
 import hfbert
 import hfbert.inference
-from benchmarks import report
-from benchmarks.busy import BusyMeter, add_allow_busy_option, refuse_busy_start
+from benchmarks import common, report
+from benchmarks.busy import BusyMeter
 from hfbert.inference.optimize import ACCURACY_BOUNDS
 from hfbert.platform.cpu import CAPS, cpu_name, instruction_set
 from hfbert.tools.parity import DTYPES, Accuracy, default_texts, load_reference
@@ -207,7 +207,7 @@ def run_isa(isa: str, arguments: argparse.Namespace, work: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__.split("\n\n")[0], "numerical_contract")
 
     def names(text: str) -> list[str]:
         return [item for item in text.split(",") if item]
@@ -219,19 +219,10 @@ def main() -> None:
     parser.add_argument("--kernels", type=names, default=list(KERNELS), help=kernels_help)
     parser.add_argument("--dtypes", type=names, default=["float32", "bfloat16"])
     parser.add_argument("--sensitivity", action="store_true", help="also measure the verdict's detection limit")
-    parser.add_argument("--json", type=Path, help="write every number here")
-    parser.add_argument(
-        "--update-docs",
-        action="store_true",
-        help="write the result to docs/results/numerical_contract.json and render it into docs/",
-    )
-    parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
-    add_allow_busy_option(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
-    arguments = parser.parse_args()
-    if arguments.render:
-        report.render_file("numerical_contract", arguments.render, arguments.allow_busy)
+    arguments = common.parse(parser)
+    if common.rendered(arguments, "numerical_contract"):  # else a run that will publish is refused on a busy machine
         return
     for option, known in (("checkpoints", CHECKPOINTS), ("kernels", KERNELS)):
         unknown = set(getattr(arguments, option)) - set(known)
@@ -240,7 +231,6 @@ def main() -> None:
     if arguments.worker:
         print(json.dumps(measure(arguments)))
         return
-    refuse_busy_start(arguments.update_docs, arguments.allow_busy)
     isas = arguments.isa
     if "native" in isas and "AVX2" in isas and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT"):
         isas = [isa for isa in isas if isa != "AVX2"]  # capping an AVX2 CPU to AVX2 would measure it twice
@@ -256,10 +246,7 @@ def main() -> None:
     sensitivity = report.sensitivity_table(results)
     if sensitivity:
         print("\n" + sensitivity)
-    if arguments.json:
-        arguments.json.write_text(json.dumps(results, indent=2) + "\n")
-    if arguments.update_docs:
-        report.publish("numerical_contract", results, arguments.allow_busy)
+    common.write(arguments, "numerical_contract", results)
 
 
 if __name__ == "__main__":

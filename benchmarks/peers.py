@@ -70,8 +70,11 @@ contract holds hfbert's default to 1.5x, precision="high" to 3x).
 
 Timing: engines take turns batch by batch (A, B, C, A, B, C, ...; benchmark.py's `interleaved`) after one warm-up
 pass (with --quick, mixed rows warm up on their first batch only), and a cell is the median pass; the latency row
-runs rounds of calls per engine and reports per call. Inputs are converted to each engine's own form (numpy, token
-lists) before the clock starts; numpy outputs are wrapped as tensors, not copied. Engines keep their default
+runs rounds of calls per engine and reports per call. The ONNX Runtime, OpenVINO and CTranslate2 engines are
+`hfbert parity --artifact`'s (hfbert/tools/parity/engines/): inputs are converted to each one's own form (numpy,
+token lists) by its `prepare`, before the clock starts, and its `run_prepared` is timed (OpenVINO's output copied
+out of its request's buffer, which the next call overwrites; the others' wrapped as tensors). Accuracy is measured
+by `hfbert parity`'s statistics (`Accuracy`). Engines keep their default
 thread-pool behaviour (ONNX Runtime's workers spin briefly after each call, as deployed). The weight-streaming floor
 for batch 1: the bytes of the 12 encoder layers' Linear weights in fp32 (340 MB for bert-base; 85 MB in int8) over
 the read bandwidth measured here (best of five sums of a 1 GiB float32 tensor on N threads); every engine's
@@ -93,8 +96,8 @@ keeps the full instruction set, and the report says so.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
-import json
 import math
 import os
 import pickle
@@ -107,38 +110,38 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import hfbert
-from benchmarks import report
+from benchmarks import common, report
 from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
 from benchmarks.benchmark import (  # the shared inputs and timing
     MIXED_BATCH,
     batch,
     interleaved,
     make_checkpoint,
-    min_cosine,
     mixed_batches,
     useful_flops,
 )
-from benchmarks.busy import BusyMeter, add_allow_busy_option, over_limit, refuse_busy_start
+from benchmarks.busy import BusyMeter
 from benchmarks.report import ENGINES, HFBERT_ENGINES, PEERS
 from hfbert.inference import packed_layers
 from hfbert.inference.compiled import compile_report, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
-from hfbert.platform.cpu import bfloat16_native, cpu_flags, cpu_name, instruction_set
+from hfbert.platform.cpu import bfloat16_native, cpu_flags, instruction_set
 from hfbert.platform.mkl import SETTING, SWITCH, mkl_branch
-from hfbert.tools.parity.engines.ctranslate2_engine import captured_log, import_ctranslate2
+from hfbert.tools.parity import Accuracy
+from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine, openvino_engine
+from hfbert.tools.parity.reference import load_reference
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
 EMBED_ROW = "5"
 PRECISIONS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "bf16": BF16_ROWS}  # measured in this order
 ROW_GROUPS = {**PRECISIONS, "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW)}
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+OPENVINO_DEFAULT = f"{openvino_engine.NAME} (default precision)"
 CAPS = {
     "AVX2": {
         "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -320,83 +323,29 @@ def transformers_worker(checkpoint: Path, threads: int) -> int:
             answers.flush()
 
 
-def numpy_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
-    return {name: inputs[name].numpy() for name in INPUT_NAMES}
-
-
-def onnxruntime_engine(path: Path, threads: int, notes: list[str]) -> Engine:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    outputs = ["last_hidden_state"]
-    return Engine(run=lambda feed: torch.from_numpy(session.run(outputs, feed)[0]), prepare=numpy_inputs, notes=notes)
-
-
-def openvino_engine(path: Path, threads: int, precision_hint: str | None = "f32") -> Engine:
-    """OpenVINO at the f32 precision hint, or (`precision_hint=None`) at its default precision, as a user who sets
-    no hint gets: bf16 on CPUs with native bf16. A default that is f32 is the f32 engine again: not built."""
-    import openvino
-
-    properties = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-    if precision_hint:
-        properties["INFERENCE_PRECISION_HINT"] = precision_hint
-    compiled = openvino.Core().compile_model(str(path), "CPU", properties)
-    precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-    progress(f"OpenVINO {'hint ' + precision_hint if precision_hint else 'default'}: inference precision {precision}")
-    if precision_hint is None and precision == "f32":
-        raise EngineUnavailableError(
-            "same as OpenVINO f32: default precision here is f32 (no native bf16), not timed twice"
-        )
-    request = compiled.create_infer_request()
-    how = f"precision hint {precision_hint}" if precision_hint else "no precision hint (its default)"
-    # share_inputs: OpenVINO reads the numpy arrays in place; the output is copied out of the request's buffer
-    # (the next call overwrites it), as a caller that keeps results has to.
+def artifact_engine(loaded: Any, notes: list[str] = (), describe: Callable[[], list[str]] = list) -> Engine:
+    """An engine of `hfbert parity --artifact` (hfbert/tools/parity/engines/): its feed built before the clock
+    starts, its call timed; outputs come back as tensors over the engine's arrays."""
     return Engine(
-        run=lambda feed: torch.from_numpy(request.infer(feed, share_inputs=True)[0]),
-        prepare=numpy_inputs,
-        notes=[f"unfused ONNX, {how}: inference precision {precision}"],
-        # With dynamic shapes the kernels are picked at the first call of each shape: ask after the runs.
-        describe=lambda: [f"kernels (last shape run): {openvino_kernels(compiled)}"],
-        facts={"inference_precision": precision},
+        run=lambda prepared: loaded.run_prepared(prepared)["last_hidden_state"],
+        prepare=loaded.prepare,
+        notes=[*loaded.notes, *notes],
+        describe=describe,
+        facts={"inference_precision": loaded.precision},
     )
 
 
-def openvino_kernels(compiled: Any) -> str:
-    """The kernels OpenVINO picked for its matrix multiplies and fused subgraphs (they name the instruction set)."""
-    kernels: Counter = Counter()
-    for operation in compiled.get_runtime_model().get_ordered_ops():
-        info = operation.get_rt_info()
-        layer = info["layerType"].astype(str)
-        if layer in ("FullyConnected", "MatMul", "Subgraph", "ScaledDotProductAttention"):
-            kernels[f"{layer} {info['primitiveType'].astype(str)}"] += 1
-    return ", ".join(f"{name} x{count}" for name, count in sorted(kernels.items()))
-
-
-def ctranslate2_engine(path: Path, threads: int, compute_type: str) -> Engine:
-    import numpy
-
-    ctranslate2 = import_ctranslate2()
-
-    with captured_log(ctranslate2) as log:
-        encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
-        lines = log()
-    wanted = ("Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S8 backend", "Selected compute type")
-    notes = ["; ".join(line.rsplit("] ", 1)[-1].strip(" -") for line in lines if any(w in line for w in wanted))]
-
-    def prepare(inputs: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[list[int]]]:
-        lengths = inputs["attention_mask"].sum(dim=1).tolist()  # ragged: CTranslate2 pads by itself
-        tokens = [row[:length].tolist() for row, length in zip(inputs["input_ids"], lengths, strict=True)]
-        types = [row[:length].tolist() for row, length in zip(inputs["token_type_ids"], lengths, strict=True)]
-        return tokens, types
-
-    def run(feed: tuple[list[list[int]], list[list[int]]]) -> torch.Tensor:
-        output = encoder.forward_batch(feed[0], token_type_ids=feed[1])
-        return torch.from_numpy(numpy.asarray(output.last_hidden_state))
-
-    return Engine(run=run, prepare=prepare, notes=notes)
+def openvino_engine_at(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> Engine:
+    """OpenVINO at the f32 precision hint, or (`precision="default"`) at its default precision, as a user who sets
+    no hint gets: bf16 on CPUs with native bf16. A default that is f32 is the f32 engine again: not timed twice."""
+    loaded = openvino_engine.load(path, hidden_size, threads, precision)
+    progress(f"OpenVINO {'hint ' + precision if precision != 'default' else 'default'}: {loaded.notes[0]}")
+    if precision == "default" and loaded.precision == "f32":
+        raise EngineUnavailableError(
+            "same as OpenVINO f32: default precision here is f32 (no native bf16), not timed twice"
+        )
+    kernels = lambda: [f"kernels (last shape run): {openvino_engine.runtime_kernels(loaded.native)}"]  # noqa: E731
+    return artifact_engine(loaded, ["unfused ONNX"], kernels)
 
 
 # -- artifacts: ONNX files and the CTranslate2 model, built once per run in a temporary folder --------------------
@@ -434,7 +383,7 @@ def build_artifacts(
 
 
 def build_engines(
-    precision: str, checkpoint: Path, artifacts: dict, threads: int, skipped: dict[str, str]
+    precision: str, checkpoint: Path, config: hfbert.BertConfig, artifacts: dict, threads: int, skipped: dict[str, str]
 ) -> dict[str, Engine]:
     """The engines of one precision, in table order; one that cannot be built is left out (`skipped` says why)."""
     engines: dict[str, Engine | None] = {}
@@ -453,34 +402,36 @@ def build_engines(
         skipped["transformers int8"] = "transformers has no int8 CPU path of its own"
     if precision == "bf16":
         engines["hfbert bf16"] = attempt(skipped, "hfbert bf16", lambda: bfloat16_engine(checkpoint))
-    if precision == "fp32" and "fused" in artifacts:
-        note = "fused: " + ", ".join(f"{name} x{count}" for name, count in artifacts["fusions"].items())
-        engines["ONNX Runtime"] = attempt(
-            skipped, "ONNX Runtime", lambda: onnxruntime_engine(artifacts["fused"], threads, [note])
-        )
-    if precision == "int8" and "int8" in artifacts:
-        note = "quantize_dynamic of the fused graph: int8 weights per channel, uint8 activations"
-        engines["ONNX Runtime"] = attempt(
-            skipped, "ONNX Runtime int8", lambda: onnxruntime_engine(artifacts["int8"], threads, [note])
-        )
-    if precision == "fp32" and "plain" in artifacts:
-        engines["OpenVINO"] = attempt(skipped, "OpenVINO", lambda: openvino_engine(artifacts["plain"], threads))
-    if precision == "bf16" and "plain" in artifacts:
-        engines["OpenVINO (default precision)"] = attempt(
-            skipped, "OpenVINO (default precision)", lambda: openvino_engine(artifacts["plain"], threads, None)
-        )
     if precision == "int8":
-        skipped["OpenVINO int8"] = (
+        skipped[f"{openvino_engine.NAME} int8"] = (
             "needs NNCF (weight compression or calibrated quantization), not installed; OpenVINO cannot read "
             "ORT's int8 graph (no conversion for com.microsoft.QAttention, QEmbedLayerNormalization)"
         )
-    if "ctranslate2" in artifacts and precision in ("fp32", "int8"):
-        compute_type = "float32" if precision == "fp32" else "int8"
-        engines["CTranslate2"] = attempt(
-            skipped,
-            f"CTranslate2 {precision}",
-            lambda: ctranslate2_engine(artifacts["ctranslate2"], threads, compute_type),
-        )
+    hidden = config.hidden_size
+    fusions = "fused: " + ", ".join(f"{name} x{count}" for name, count in artifacts.get("fusions", {}).items())
+    quantized = "quantize_dynamic of the fused graph: int8 weights per channel, uint8 activations"
+    ort, ov, ct2 = onnxruntime_engine, openvino_engine, ctranslate2_engine
+
+    def onnx(note: str) -> Callable[[Path], Engine]:
+        return lambda path: artifact_engine(ort.load(path, hidden, threads), [note])
+
+    def ctranslate2(compute_type: str) -> Callable[[Path], Engine]:
+        return lambda path: artifact_engine(ct2.load(path, hidden, threads, compute_type=compute_type))
+
+    def openvino(hint: str) -> Callable[[Path], Engine]:
+        return lambda path: openvino_engine_at(path, hidden, threads, hint)
+
+    peers = {  # (precision, column): (what `skipped` calls it, the artifact it loads, how)
+        ("fp32", ort.NAME): (ort.NAME, "fused", onnx(fusions)),
+        ("int8", ort.NAME): (f"{ort.NAME} int8", "int8", onnx(quantized)),
+        ("fp32", ov.NAME): (ov.NAME, "plain", openvino("f32")),
+        ("bf16", OPENVINO_DEFAULT): (OPENVINO_DEFAULT, "plain", openvino("default")),
+        ("fp32", ct2.NAME): (f"{ct2.NAME} fp32", "ctranslate2", ctranslate2("float32")),
+        ("int8", ct2.NAME): (f"{ct2.NAME} int8", "ctranslate2", ctranslate2("int8")),
+    }
+    for (wanted, name), (key, artifact, build) in peers.items():
+        if wanted == precision and artifact in artifacts:
+            engines[name] = attempt(skipped, key, functools.partial(build, artifacts[artifact]))
     return {name: engines[name] for name in ENGINES if engines.get(name) is not None}
 
 
@@ -565,42 +516,38 @@ def time_engines(
 
 def reference_outputs(checkpoint: Path, batches: list[dict]) -> dict[str, list[torch.Tensor]]:
     """transformers' BertModel (sdpa) on `batches` in fp32 (what the cosines compare with) and in float64 (the exact
-    reference of the RMS errors), each model loaded, run and freed before the engines are built."""
+    reference of the RMS errors), at the real tokens, each model loaded, run and freed before the engines are built."""
     import transformers
 
-    transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()  # a bar per model loaded, in the middle of the progress lines
     outputs = {}
     for name, dtype in (("fp32", torch.float32), ("float64", torch.float64)):
-        model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
-        outputs[name] = [model(**inputs).last_hidden_state for inputs in batches]
+        model = load_reference(transformers, "BertModel", checkpoint, "sdpa", "cpu", dtype)
+        outputs[name] = [real_tokens(model(**inputs).last_hidden_state, inputs) for inputs in batches]
         del model
         gc.collect()
     return outputs
 
 
-def rms_error(outputs: list[torch.Tensor], exact: list[torch.Tensor], batches: list[dict]) -> float:
-    """RMS of the differences to `exact` over every value at the real token positions of all `batches`."""
-    squares, count = 0.0, 0
-    for out, ref, inputs in zip(outputs, exact, batches, strict=True):
-        real = inputs["attention_mask"].bool()
-        difference = out[real].double() - ref[real].double()
-        squares, count = squares + difference.square().sum().item(), count + difference.numel()
-    return math.sqrt(squares / count)
+def real_tokens(output: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(tokens, hidden): what a model returns at pad positions is not defined."""
+    return output[inputs["attention_mask"].bool()]
 
 
 def check_outputs(engines: dict[str, Engine], batches: list[dict], references: dict) -> dict[str, dict]:
-    """Each engine's accuracy on `batches` at the real tokens: its smallest cosine to transformers fp32, its RMS
-    error against transformers float64, and that error over transformers fp32's own (the `rms_ratio`)."""
-    theirs = rms_error(references["fp32"], references["float64"], batches)
-    accuracy = {}
+    """Each engine's accuracy on `batches` at the real tokens, by `hfbert parity`'s statistics (`Accuracy`): its
+    smallest cosine to transformers fp32, its RMS error against transformers float64, and that error over
+    transformers fp32's own (the `rms_ratio`)."""
+    accuracy, theirs = {}, math.nan
     for name, engine in engines.items():
-        outputs = [engine.run(engine.prepare(inputs)) for inputs in batches]
-        ours = rms_error(outputs, references["float64"], batches)
+        record = Accuracy(torch.float32)
+        for inputs, fp32, exact in zip(batches, references["fp32"], references["float64"], strict=True):
+            record.update(real_tokens(engine.run(engine.prepare(inputs)), inputs), fp32, exact)
+        theirs = record.reference_error.rms
         accuracy[name] = {
-            "min_cosine": min_cosine(outputs, references["fp32"], batches),
-            "rms_error": ours,
-            "rms_ratio": ours / theirs if theirs else math.inf,
+            "min_cosine": record.versus_transformers.min_cosine,
+            "rms_error": record.ours_error.rms,
+            "rms_ratio": record.ratio,
         }
     return {"transformers_fp32_rms_error": theirs, "engines": accuracy}
 
@@ -659,7 +606,7 @@ def workload_row(
             fastest = min(peers, key=peers.get)
             row["fastest_peer"], row["hfbert_vs_fastest_peer"] = fastest, peers[fastest] / seconds[best]
             row["goal"] = report.peer_goal(key)
-    progress(f"{label}: " + ", ".join(f"{name} {show(value)}" for name, value in seconds.items()))
+    progress(f"{label}: " + ", ".join(f"{name} {report.show_seconds(value)}" for name, value in seconds.items()))
     if "hfbert_vs_fastest_peer" in row:
         ratio, goal = row["hfbert_vs_fastest_peer"], row["goal"]
         progress(
@@ -707,31 +654,15 @@ def embed_row(args: argparse.Namespace) -> dict:
 
 
 # -- report ----------------------------------------------------------------------------------------------------------
-def show(seconds: float) -> str:
-    return report.show_seconds(seconds)
-
-
 def machine_info(args: argparse.Namespace) -> dict:
-    versions = {}
-    for package in ("torch", "transformers", "onnxruntime", "openvino", "ctranslate2", "sentence-transformers"):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            versions[package] = "not installed"
     cap = args.cap_isa if args.cap_isa and capped(args.cap_isa) else None
+    packages = ("torch", "transformers", "onnxruntime", "openvino", "ctranslate2", "sentence-transformers")
     return {
-        "measured": time.strftime("%Y-%m-%d", time.gmtime()),
-        "cpu": cpu_name(),
-        "instruction_set": instruction_set(),
-        "mkl_branch": mkl_branch(),
+        **common.machine(args.threads, packages),
         "avx512_bf16": "avx512_bf16" in cpu_flags(),
-        "cores": os.cpu_count(),
-        "threads": args.threads,
         "cap": f"{cap} (capped)" if cap else None,
         "cap_variables": CAPS[cap] if cap else {},
         "cap_reach": CAP_REACH if cap else None,
-        "versions": {"hfbert": hfbert.__version__, **versions},
-        "load_before": os.getloadavg()[0],
     }
 
 
@@ -757,29 +688,17 @@ def parse_rows(text: str) -> list[str]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="64 mixed sequences, fewer rounds: a smoke run")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="default: torch's count")
+    parser = common.parser(__doc__, "peers", quick="64 mixed sequences, fewer rounds: a smoke run", threads=True)
     parser.add_argument("--rows", type=parse_rows, default=list(ROW_GROUPS["all"]), help="e.g. 1,4,int8,5")
     parser.add_argument("--repeats", type=int, help="timed passes of the dense rows; default 10, quick 3")
     parser.add_argument("--cap-isa", choices=sorted(CAPS), help="rerun in a subprocess with the instruction set capped")
-    parser.add_argument("--json", type=Path, help="write every number here")
-    parser.add_argument(
-        "--update-docs",
-        action="store_true",
-        help="write the result to docs/results/peers.json (peers_avx2.json when capped) and render it into docs/",
-    )
-    parser.add_argument("--render", type=Path, metavar="JSON", help="no run: render this result into docs/")
-    add_allow_busy_option(parser)
     parser.add_argument("--transformers-worker", type=Path, help=argparse.SUPPRESS)  # transformers_default_engine
     parser.add_argument(
         "--without-ctranslate2",
         action="store_true",
         help="leave CTranslate2 out (its conversion and int8 rows take a few minutes)",
     )
-    args = parser.parse_args()
-    if args.json and not args.json.resolve().parent.is_dir():
-        parser.error(f"--json {args.json}: the folder {args.json.resolve().parent} does not exist")
+    args = common.parse(parser)
     args.repeats = args.repeats or (3 if args.quick else 10)
     args.mixed_repeats = 1 if args.quick else 3  # a mixed pass costs 10-50x a dense one
     args.latency_rounds, args.latency_calls = (5, 10) if args.quick else (15, 20)
@@ -788,31 +707,14 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def finish(result: dict, started: float, meter: BusyMeter, partial: bool = False) -> dict:
+def finish(result: dict, meter: BusyMeter) -> dict:
     """The run's totals, now: run time, how busy other processes kept the cores, peak memory."""
-    result["seconds"] = time.perf_counter() - started
-    result["machine"]["others_cores"] = meter.cores()
     result["peak_rss_mib"] = memory_mib("VmHWM")
-    if partial:
-        result["partial"] = True
-    else:
-        result.pop("partial", None)
-    return result
-
-
-def save_partial(args: argparse.Namespace, result: dict) -> None:
-    """After each row, what the run has so far (marked partial), where the finished result will go: a run
-    stopped midway (a full run takes an hour or more on 2 shared cores) still leaves its rows to render."""
-    destinations = [args.json] if args.json else []
-    if args.update_docs and (args.allow_busy or not over_limit(result["machine"])):  # else refused at the end
-        destinations.append(report.RESULTS / f"{report.target('peers', result).name}.json")
-    for destination in destinations:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return common.finish(result, meter)
 
 
 def measure(args: argparse.Namespace) -> dict:
-    started, meter = time.perf_counter(), BusyMeter()
+    meter = BusyMeter()
     machine = machine_info(args)
     result: dict[str, Any] = {"machine": machine, "rows": [], "engines": {}, "engine_facts": {}, "skipped": {}}
     result["args"] = {key: str(value) for key, value in vars(args).items()}
@@ -822,7 +724,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     def snapshot(config: hfbert.BertConfig) -> None:
         result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
-        save_partial(args, finish(result, started, meter, partial=True))
+        common.save_partial(args, "peers", finish(result, meter))
 
     with tempfile.TemporaryDirectory(prefix="hfbert-peers-") as temporary, torch.no_grad():
         work = Path(temporary)
@@ -848,7 +750,7 @@ def measure(args: argparse.Namespace) -> dict:
             if not keys:
                 continue
             # One precision's engines at a time: the fp32 peers are freed before the int8 ones load.
-            engines = build_engines(precision, checkpoint, artifacts, args.threads, result["skipped"])
+            engines = build_engines(precision, checkpoint, config, artifacts, args.threads, result["skipped"])
             result["engines"][precision] = {name: engine.report() for name, engine in engines.items()}
             result["engine_facts"][precision] = {name: engine.facts for name, engine in engines.items()}
             if not engines:
@@ -878,7 +780,7 @@ def measure(args: argparse.Namespace) -> dict:
             result["embed"] = embed_row(args)
         except ImportError as error:
             result["skipped"]["5. embed"] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
-    return finish(result, started, meter)
+    return finish(result, meter)
 
 
 def weight_streaming_floor(config: hfbert.BertConfig, bandwidth: float, rows: list[dict]) -> dict:
@@ -916,22 +818,16 @@ def main() -> int:
     args = parse_args()
     if args.transformers_worker:
         return transformers_worker(args.transformers_worker, args.threads)
-    if args.render:
-        report.render_file("peers", args.render, args.allow_busy)
-        return 0
-    if args.cap_isa and not capped(args.cap_isa):
+    if args.cap_isa and not args.render and not capped(args.cap_isa):
         # The libraries read these variables once, when they first run: only a fresh process honours them.
         environment = {**os.environ, **CAPS[args.cap_isa]}
         return subprocess.run([sys.executable, "-m", "benchmarks.peers", *sys.argv[1:]], env=environment).returncode
-    refuse_busy_start(args.update_docs, args.allow_busy)
+    if common.rendered(args, "peers"):
+        return 0
     torch.set_num_threads(args.threads)
     result = measure(args)
     print_report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
-    if args.update_docs:
-        report.publish("peers", json.loads(json.dumps(result, default=str)), args.allow_busy)
+    common.write(args, "peers", result)
     return 0
 
 

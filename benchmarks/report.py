@@ -611,47 +611,65 @@ def certify_markdown(result: dict, images: bool = True) -> str:
 
 # -- targets: which result goes where --------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Kind:
+    """One benchmark's result: its page, its rendering and the options of the command that measures it again.
+    `variant`: (suffix, option, applies) of a second result, told apart by what it records; its stem is KIND_SUFFIX."""
+
+    page: str  # relative to docs/
+    markdown: Callable[[Any, str, bool], str]  # (result, name, images) -> the section's text
+    figure: Callable[[Any, Path], None] | None = None
+    options: str = ""
+    variant: tuple[str, str, Callable[[Any], bool]] | None = None
+
+
+TARGETS = {
+    "numerical_contract": Kind(
+        "numerical-contract.md",
+        lambda result, _, images: contract_markdown(result, images),
+        lambda result, _: contract_figures(result, IMAGES),
+        options="--sensitivity",
+    ),
+    "peers": Kind(
+        "cpu-inference.md",
+        peers_markdown,
+        peers_figure,
+        variant=("avx2", "--cap-isa AVX2", lambda result: bool(result["machine"].get("cap"))),
+    ),
+    "benchmark": Kind(
+        "cpu-inference.md",
+        lambda result, _, images: benchmark_markdown(result),
+        variant=("optimized", "--optimized", lambda result: result.get("args", {}).get("optimized") in (True, "True")),
+    ),
+    "certify": Kind("certifying-a-deployment.md", lambda result, _, images: certify_markdown(result, images)),
+}
+
+
+@dataclass(frozen=True)
 class Target:
     name: str  # the result's file stem, the page's section name and the figure's stem
-    page: str  # relative to docs/
+    page: str
     command: str  # how to measure it again
     markdown: Callable[[Any, bool], str]
     figure: Callable[[Any, Path], None] | None
 
 
 def target(kind: str, result: Any) -> Target:
-    if kind == "numerical_contract":
-        command = "python -m benchmarks.numerical_contract --sensitivity --update-docs"
-        return Target(
-            kind, "numerical-contract.md", command, contract_markdown, lambda r, _: contract_figures(r, IMAGES)
-        )
-    if kind == "peers":
-        capped = bool(result["machine"].get("cap"))
-        name = "peers_avx2" if capped else "peers"
-        command = "python -m benchmarks.peers" + (" --cap-isa AVX2" if capped else "") + " --update-docs"
-        return Target(
-            name,
-            "cpu-inference.md",
-            command,
-            lambda r, images: peers_markdown(r, name, images),
-            lambda r, path: peers_figure(r, path),
-        )
-    if kind == "benchmark":
-        optimized = result.get("args", {}).get("optimized") in (True, "True")
-        name = "benchmark_optimized" if optimized else "benchmark"
-        command = "python -m benchmarks.benchmark" + (" --optimized" if optimized else "") + " --update-docs"
-        return Target(name, "cpu-inference.md", command, lambda r, _: benchmark_markdown(r), None)
-    if kind == "certify":
-        command = "python -m benchmarks.certify --update-docs"
-        return Target("certify", "certifying-a-deployment.md", command, certify_markdown, None)
-    raise ValueError(f"unknown benchmark {kind!r}: numerical_contract, peers, benchmark or certify")
+    if kind not in TARGETS:
+        raise ValueError(f"unknown benchmark {kind!r}: {', '.join(TARGETS)}")
+    entry = TARGETS[kind]
+    suffix, option = entry.variant[:2] if entry.variant and entry.variant[2](result) else ("", "")
+    name = f"{kind}_{suffix}" if suffix else kind
+    command = " ".join(
+        part for part in (f"python -m benchmarks.{kind}", entry.options, option, "--update-docs") if part
+    )
+    return Target(name, entry.page, command, lambda r, images: entry.markdown(r, name, images), entry.figure)
 
 
 def kind_of(path: Path) -> str:
-    for kind in ("numerical_contract", "peers", "benchmark", "certify"):
+    for kind in TARGETS:
         if path.stem == kind or path.stem.startswith(kind + "_"):
             return kind
-    raise SystemExit(f"{path}: not a result of numerical_contract, peers or benchmark")
+    raise SystemExit(f"{path}: not a result of {', '.join(TARGETS)}")
 
 
 def section_text(kind: str, result: Any, figures: bool) -> tuple[Target, str]:

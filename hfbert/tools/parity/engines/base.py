@@ -62,8 +62,9 @@ def batch_error(name: str, case: str, batch: dict[str, Tensor], error: BaseExcep
     )
 
 
-def shape_conflict(expected: dict[str, list[int | None]], batch: dict[str, Tensor]) -> str | None:
-    """Which fed input a graph's fixed sizes refuse (`expected`: name -> dims, None where free), or None."""
+def shape_conflict(expected: dict[str, list[int | None]], batch: dict[str, Any]) -> str | None:
+    """Which fed input (a tensor or array by name) a graph's fixed sizes refuse (`expected`: name -> dims, None where
+    free), or None."""
     for name, dims in expected.items():
         got = list(batch[name].shape) if name in batch else None
         if got is None or (len(dims) == len(got) and all(d is None or d == g for d, g in zip(dims, got, strict=True))):
@@ -121,9 +122,19 @@ def _roll(x: Tensor, shift: Tensor) -> Tensor:
     return x.gather(1, index)
 
 
+class Prepared(NamedTuple):
+    """A batch as an engine takes it: `feed` in the engine's own input form, built outside any clock, the batch it
+    was built from (the inputs it takes, aligned) and the shift that puts its token outputs back (`left_to_right`)."""
+
+    feed: Any
+    batch: dict[str, Tensor]
+    shift: Tensor | None
+
+
 @dataclass
 class ArtifactEngine:
-    """A loaded artifact: `run` takes a battery batch, returns named float32 outputs."""
+    """A loaded artifact: `run` takes a battery batch, returns named float32 outputs; `prepare` and `run_prepared`
+    are its two halves, so that a benchmark times the engine's call alone."""
 
     path: Path
     engine: str  # "ONNX Runtime", "OpenVINO", "CTranslate2"
@@ -131,23 +142,32 @@ class ArtifactEngine:
     precision: str  # the precision that ran, as the engine reports it
     inputs: tuple[str, ...]  # the BERT inputs it takes
     hidden_size: int  # the model's: an output of another size is another model
-    forward: Callable[[dict[str, Tensor]], dict[str, Tensor]]  # the engine's own call, on inputs it takes
+    feed: Callable[[dict[str, Tensor]], Any]  # a batch of the inputs it takes -> the engine's own input form
+    call: Callable[[Any], dict[str, Tensor]]  # the engine's own call on a feed
     graph: dict[str, Any] = field(default_factory=dict)  # facts read from the graph (approximate_gelu, int8, ...)
     notes: list[str] = field(default_factory=list)
     weights: str = ""  # the precision the weights are stored in, read from the file ("fp32", "fp16", "int8, fp32")
     weights_remedy: str = ""  # how to store them in fp32 with this engine's tools, for the likely cause
+    native: Any = None  # the engine's own loaded object (session, compiled model, encoder), for what it says later
 
-    def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def prepare(self, batch: dict[str, Tensor]) -> Prepared:
         # Right-padded unless it takes position_ids; only the inputs it takes.
         if "position_ids" in self.inputs:
             if "position_ids" not in batch:  # right padding: the positions transformers gives by default
                 positions = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
                 batch = {**batch, "position_ids": positions}
-            return self.checked(self.forward(batch), batch)
+            return Prepared(self.feed(batch), batch, None)
         aligned, shift = left_to_right(batch)
-        outputs = self.checked(self.forward(aligned), aligned)
-        outputs["last_hidden_state"] = right_to_left(outputs["last_hidden_state"], shift)
+        return Prepared(self.feed(aligned), aligned, shift)
+
+    def run_prepared(self, prepared: Prepared) -> dict[str, Tensor]:
+        outputs = self.checked(self.call(prepared.feed), prepared.batch)
+        if prepared.shift is not None:
+            outputs["last_hidden_state"] = right_to_left(outputs["last_hidden_state"], prepared.shift)
         return outputs
+
+    def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return self.run_prepared(self.prepare(batch))
 
     def checked(self, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The outputs, as float32 tensors of the shapes a BERT encoder gives, or one error saying what was expected

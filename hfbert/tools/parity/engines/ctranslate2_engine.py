@@ -6,7 +6,6 @@ type that ran. It takes ragged token ids and token types and pads by itself."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -22,6 +21,7 @@ import numpy
 import torch
 from torch import Tensor
 
+from converters.json_files import read_json_object
 from hfbert.tools.extras import MissingExtraError
 from hfbert.tools.parity.engines.base import (
     INSTALL_DEPLOY,
@@ -123,22 +123,18 @@ def stored_values(model_bin: Path) -> dict[str, int]:
 CHOICES = ("Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S8 backend", "Selected compute type")
 
 
-def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
+def load(
+    path: Path, hidden_size: int, threads: int, precision: str = "f32", compute_type: str = "default"
+) -> ArtifactEngine:
+    """`precision` is OpenVINO's hint, not CTranslate2's: it runs `compute_type`, by default the type it was converted
+    to (a benchmark asks for "int8" of a float32 model, quantized at load)."""
     ctranslate2 = import_ctranslate2()
-    try:
-        config = (
-            json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
-        )
-    except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply
-        reason = " ".join(str(error).split())[:200] if isinstance(error, ValueError) else "nested too deeply"
-        raise ArtifactError(f"{path / 'config.json'}: not valid JSON ({reason})") from None
-    if not isinstance(config, dict):
-        raise ArtifactError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
+    config = read_json_object(path / "config.json", missing_ok=True, error=ArtifactError)
     if config.get("decoder_start_token") is not None:
         raise ArtifactError(f"{path}: a CTranslate2 sequence-to-sequence or decoder model; expected an encoder")
     try:
         with captured_log(ctranslate2) as log:
-            encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type="default", intra_threads=threads)
+            encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
             lines = log()
     except Exception as error:
         reason = reason_of(error)
@@ -152,14 +148,18 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         supported = ", ".join(sorted(ctranslate2.get_supported_compute_types("cpu")))
         notes.append(f"{weights} weights converted to {ran} at load (this CPU's compute types: {supported})")
 
-    def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def feed(batch: dict[str, Tensor]) -> tuple[list[list[int]], list[list[int]], int]:
         lengths = batch["attention_mask"].sum(dim=1).tolist()
         tokens = [row[:length].tolist() for row, length in zip(batch["input_ids"], lengths, strict=True)]
         types = [row[:length].tolist() for row, length in zip(batch["token_type_ids"], lengths, strict=True)]
+        return tokens, types, batch["input_ids"].shape[1]
+
+    def call(ragged: tuple[list[list[int]], list[list[int]], int]) -> dict[str, Tensor]:
+        tokens, types, sequence = ragged
         output = encoder.forward_batch(tokens, token_type_ids=types)  # its errors are named by the caller
         last = torch.from_numpy(numpy.array(output.last_hidden_state))
-        if last.dim() == 3 and last.shape[1] < batch["input_ids"].shape[1]:  # padded to its longest only
-            last = torch.nn.functional.pad(last, (0, 0, 0, batch["input_ids"].shape[1] - last.shape[1]))
+        if last.dim() == 3 and last.shape[1] < sequence:  # padded to its longest only
+            last = torch.nn.functional.pad(last, (0, 0, 0, sequence - last.shape[1]))
         named = {"last_hidden_state": last}
         if output.pooler_output is not None:
             named["pooler_output"] = torch.from_numpy(numpy.array(output.pooler_output))
@@ -172,9 +172,11 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         precision=ran,
         inputs=("input_ids", "attention_mask", "token_type_ids"),
         hidden_size=hidden_size,
-        forward=forward,
+        feed=feed,
+        call=call,
         graph={"int8": ["int8 weights"]} if "int8" in ran else {},
         notes=notes,
         weights=weights,
         weights_remedy="convert without quantization (ct2-transformers-converter --quantization float32)",
+        native=encoder,
     )

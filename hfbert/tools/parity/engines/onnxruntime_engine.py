@@ -127,12 +127,14 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
 
     fixed = {node.name: [d if isinstance(d, int) else None for d in node.shape] for node in session.get_inputs()}
 
-    def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        feed = {name: batch[name].numpy().astype(types[name]) for name in inputs}
+    def feed(batch: dict[str, Tensor]) -> dict[str, numpy.ndarray]:
+        return {name: batch[name].numpy().astype(types[name]) for name in inputs}
+
+    def call(arrays: dict[str, numpy.ndarray]) -> dict[str, Tensor]:
         try:
-            values = session.run(wanted, feed)
+            values = session.run(wanted, arrays)
         except Exception as error:
-            conflict = shape_conflict(fixed, batch)
+            conflict = shape_conflict(fixed, arrays)
             if conflict is not None:
                 raise ArtifactError(conflict) from None
             # "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node.
@@ -152,8 +154,10 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         inputs=tuple(inputs),
         hidden_size=hidden_size,
         graph=facts,
-        forward=forward,
+        feed=feed,
+        call=call,
         notes=[f"CPUExecutionProvider, graph optimizations {options.graph_optimization_level.name}"],
         weights=weights,
         weights_remedy="export the graph with float32 weights (no float16 conversion)",
+        native=session,
     )

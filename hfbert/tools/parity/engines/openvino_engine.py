@@ -109,12 +109,14 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
 
     fixed = {name: _dims(port.get_partial_shape()) for name, port in ports.items()}
 
-    def forward(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        feed = {ports[name]: batch[name].numpy().astype(kinds[name], copy=False) for name in inputs}
+    def feed(batch: dict[str, Tensor]) -> dict[str, numpy.ndarray]:
+        return {name: batch[name].numpy().astype(kinds[name], copy=False) for name in inputs}
+
+    def call(arrays: dict[str, numpy.ndarray]) -> dict[str, Tensor]:
         try:
-            results = request.infer(feed)
+            results = request.infer({ports[name]: array for name, array in arrays.items()})
         except Exception:
-            conflict = shape_conflict({name: dims for name, dims in fixed.items() if dims is not None}, batch)
+            conflict = shape_conflict({name: dims for name, dims in fixed.items() if dims is not None}, arrays)
             if conflict is None:
                 raise
             raise ArtifactError(conflict) from None
@@ -133,9 +135,23 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         precision=f"{ran}{int8}",
         inputs=tuple(inputs),
         hidden_size=hidden_size,
-        forward=forward,
+        feed=feed,
+        call=call,
         graph=facts,
         notes=[f"CPU, {hint}: inference precision {ran}"],
         weights=weights,
         weights_remedy="save the IR with openvino.save_model(..., compress_to_fp16=False) (True is its default)",
+        native=compiled,
     )
+
+
+def runtime_kernels(compiled: Any) -> str:
+    """The kernels OpenVINO picked for its matrix multiplies and fused subgraphs (they name the instruction set). With
+    dynamic shapes it picks them at the first call of each shape: ask after the runs."""
+    kernels: Counter = Counter()
+    for operation in compiled.get_runtime_model().get_ordered_ops():
+        info = operation.get_rt_info()
+        layer = info["layerType"].astype(str)
+        if layer in ("FullyConnected", "MatMul", "Subgraph", "ScaledDotProductAttention"):
+            kernels[f"{layer} {info['primitiveType'].astype(str)}"] += 1
+    return ", ".join(f"{name} x{count}" for name, count in sorted(kernels.items()))
