@@ -113,8 +113,9 @@ def inspect_command(arguments: argparse.Namespace) -> None:
 
 
 def parity_command(arguments: argparse.Namespace) -> int:
+    from converters.hub import artifact_companions
     from hfbert.tools.extras import import_pyplot
-    from hfbert.tools.parity import read_texts, run_parity
+    from hfbert.tools.parity import read_texts, resolve_paths, run_parity
     from hfbert.tools.texts import refuse_output_over_stdin
 
     if arguments.plot:
@@ -122,42 +123,31 @@ def parity_command(arguments: argparse.Namespace) -> int:
     for option, path in (("--json", arguments.json), ("--plot", arguments.plot)):
         if path and path != "-" and not Path(path).resolve().parent.is_dir():
             raise ValueError(f"{option} {path}: the folder {Path(path).resolve().parent} does not exist")
-    # With artifacts, the sentence-transformers files too: their pipeline is applied to the artifacts' outputs.
-    st_files = {"include_sentence_transformers": True} if arguments.artifact else {}
-    directory = resolve_model(arguments, arguments.model, include_tokenizer=True, **st_files)
-    reference = None
-    if arguments.reference is not None:
-        from converters.hub import resolve_checkpoint
-
-        reference = Path(resolve_checkpoint(arguments.reference, cache_dir=arguments.cache_dir, token=arguments.token))
-    from converters.hub import artifact_companions
-    from hfbert.tools.parity.artifact_paths import resolve_artifact
-
     hub = {"cache_dir": arguments.cache_dir, "token": arguments.token}
-    artifacts = [resolve_artifact(path, arguments.model, directory, **hub) for path in arguments.artifact or ()]
+    paths = resolve_paths(
+        arguments.model, arguments.revision, reference=arguments.reference, artifacts=arguments.artifact or (), **hub
+    )
     # A file artifact's inputs include what it reads beside it: the external data its ONNX graph names, an IR's .bin.
-    artifact_files = {f"--artifact {path}": path for path in artifacts if path.is_file()}
-    for path in [path for path in artifacts if path.is_file()]:
+    files = [path for path in paths.artifacts if path.is_file()]
+    folders = {f"--artifact {path}": path for path in paths.artifacts if path.is_dir()}
+    artifact_files = {f"--artifact {path}": path for path in files}
+    for path in files:
         artifact_files.update({f"{file.name} (read by --artifact {path})": file for file in artifact_companions(path)})
     refuse_overwriting_inputs(
         {"--json": arguments.json, "--plot": arguments.plot},
         {"--texts": arguments.texts, **artifact_files},
-        {"MODEL": directory, "--reference": reference, **{f"--artifact {p}": p for p in artifacts if p.is_dir()}},
+        {"MODEL": paths.directory, "--reference": paths.reference, **folders},
     )
     refuse_output_over_stdin({"--json": arguments.json, "--plot": arguments.plot}, arguments.texts)
     report = run_parity(
-        directory,
+        paths,  # resolved once, here: the outputs are checked against them before the run
         device=arguments.device,
         dtype=arguments.dtype,
         attn=arguments.attn,
         texts=read_texts(arguments.texts) if arguments.texts else None,
         batch_size=arguments.batch_size,
-        reference=reference,
         linear_kernel=arguments.linear,
         tolerance=arguments.tolerance,
-        model_name=arguments.model,
-        artifacts=artifacts,
-        artifact_names=arguments.artifact,
         artifact_bound=arguments.artifact_bound,
         artifact_precision=arguments.artifact_precision,
         ignore_auto_map=arguments.ignore_auto_map,

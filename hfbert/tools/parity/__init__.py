@@ -70,18 +70,21 @@ The house, one concept per file:
 - `engines/`: every engine behind one interface (load, then run a batch to named outputs): hfbert in each mode,
   transformers, ONNX Runtime, OpenVINO, CTranslate2, one file each; a deployment engine is imported only when an
   artifact needs it;
-- `artifacts.py`: an artifact's verdict and its likely causes; `artifact_paths.py`: where an artifact lies (a local
-  path, or the model's Hub repo); `sentences.py`: sentence embeddings and retrieval;
-- `report.py`, `artifact_report.py`, `plot.py`: the table, the JSON and the figure; `run.py`: `run_parity`.
+- `artifacts.py`: an artifact's verdict and its likely causes; `artifact_paths.py`: where the model, its reference
+  and each artifact lie, resolved once (`resolve_paths`: a local path, or the model's Hub repo); `sentences.py`:
+  sentence embeddings and retrieval;
+- `report.py`, `artifact_report.py`, `plot.py`: the table, the JSON and the figure; `run.py`: `run_parity`, its
+  options checked once (`ParityOptions`) and its steps.
 """
 
 from __future__ import annotations
 
 from converters.dtypes import DTYPES
+from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.cases import Case, build_cases, default_texts, read_texts
 from hfbert.tools.parity.reference import float64_twin, load_reference, with_pooler
 from hfbert.tools.parity.report import ParityReport
-from hfbert.tools.parity.run import LINEAR_KERNELS, fast_mode_bound, run_parity
+from hfbert.tools.parity.run import LINEAR_KERNELS, ParityOptions, fast_mode_bound, run_parity
 from hfbert.tools.parity.statistics import (
     ACCURACY_RATIO,
     TOP_K,
@@ -100,6 +103,8 @@ __all__ = [
     "TOP_K",
     "Accuracy",
     "Case",
+    "ParityOptions",
+    "ParityPaths",
     "ParityReport",
     "Row",
     "Slice",
@@ -112,6 +117,7 @@ __all__ = [
     "float64_twin",
     "load_reference",
     "read_texts",
+    "resolve_paths",
     "run_parity",
     "with_pooler",
 ]

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from hfbert.tools.parity.engines.base import TorchEngine
-from hfbert.tools.parity.statistics import TOP_K, Row, _worse, allowed_error
+from hfbert.tools.parity.statistics import TOP_K, Row, allowed_error, worse
 
 
 @contextmanager
@@ -47,7 +47,7 @@ def _real_rows(x: Tensor, real: Tensor, all_real: bool) -> Tensor:
     return x.flatten(0, 1) if all_real else x[real]
 
 
-def _compare_batch(
+def compare_batch(
     case: str,
     batch: dict[str, Tensor],
     runners: tuple[TorchEngine, TorchEngine, TorchEngine],
@@ -119,8 +119,8 @@ def _compare_batch(
         # A swap in the top-k is a real difference unless the exact logits are tied within the allowed error.
         their_max_abs = reference_max_abs = 0.0
         for part in reference_error:  # max |theirs - exact| and max |exact| over this batch, as measured
-            their_max_abs = _worse(their_max_abs, part.max_abs)
-            reference_max_abs = _worse(reference_max_abs, part.reference_max_abs)
+            their_max_abs = worse(their_max_abs, part.max_abs)
+            reference_max_abs = worse(reference_max_abs, part.reference_max_abs)
         tie = 2 * allowed_error(dtype, their_max_abs, reference_max_abs, bound)
         rows[f"mlm top-{TOP_K}"].update(case, ours, exact, tie=tie)
     return kept

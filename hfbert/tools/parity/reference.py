@@ -33,7 +33,9 @@ def _quiet_transformers(transformers: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _no_tf32(active: bool) -> Iterator[None]:
+def no_tf32(active: bool) -> Iterator[None]:
+    """TF32 off for CUDA matmuls and convolutions while `active` (a CUDA run): with it, fp32 products round to 10
+    mantissa bits and every error measured against float64 would be TF32's, not the model's."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     if active:
         torch.backends.cuda.matmul.allow_tf32 = False

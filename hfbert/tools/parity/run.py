@@ -1,4 +1,5 @@
-"""`run_parity`: load hfbert and transformers once, run the battery, return the report."""
+"""`run_parity`: check the options, resolve the paths, load hfbert and transformers once, run the battery, return the
+report."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,16 @@ import torch
 
 from converters.dtypes import DTYPES
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
+from hfbert.platform.cpu import cpu_flags, cpu_name, instruction_set
+from hfbert.platform.mkl import mkl_branch
 from hfbert.tools.extras import import_transformers
-from hfbert.tools.parity.artifact_paths import resolve_artifact
+from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.artifacts import ArtifactCheck
-from hfbert.tools.parity.cases import build_cases, default_texts
-from hfbert.tools.parity.compare import _compare_batch
+from hfbert.tools.parity.cases import Case, build_cases, default_texts
+from hfbert.tools.parity.compare import compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
-from hfbert.tools.parity.reference import _no_tf32, position_offset
+from hfbert.tools.parity.engines.base import TorchEngine
+from hfbert.tools.parity.reference import no_tf32, position_offset
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
 from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline
@@ -32,12 +37,6 @@ from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row,
 LINEAR_KERNELS = (None, "standard", "packed", "fast")
 
 
-def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
-    from converters.hub import sha256_of
-
-    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
-
-
 def fast_mode_bound() -> float:
     """The bound of `optimize_for_inference(model, precision="high")` (hfbert.inference.ACCURACY_BOUNDS["high"])."""
     from hfbert.inference import ACCURACY_BOUNDS
@@ -45,8 +44,84 @@ def fast_mode_bound() -> float:
     return float(ACCURACY_BOUNDS["high"])
 
 
+@dataclass(frozen=True)
+class ParityOptions:
+    """How a parity run runs: every argument of `run_parity` but where its inputs lie (`resolve_paths`), checked
+    here, once, before anything loads.
+
+    `device`, `dtype` (a name in converters.dtypes.DTYPES or a torch.dtype, held as the torch.dtype), `attn`: how
+    hfbert and transformers run (the float64 reference runs eager, on the same device). `texts`: the battery (default:
+    the shipped sentences), in batches of `batch_size`. `linear_kernel`: "standard" (default: `nn.Linear`, as built),
+    "packed" (hfbert's model through `hfbert.optimize_for_inference`, judged by the same 1.5x) or "fast" (through
+    `optimize_for_inference(model, precision="high")`, judged by that mode's bound, 3x). `tolerance`: also require
+    max abs against transformers to be at most this. `artifacts`: whether deployed artifacts are judged (on the CPU,
+    in float32), each output within `artifact_bound` x transformers' fp32 error; `artifact_precision`: OpenVINO's
+    precision hint ("f32", or "default": the CPU's own choice). A checkpoint whose config.json maps the model to
+    custom code (`auto_map`) is refused before anything loads, as `from_pretrained` refuses it, unless
+    `ignore_auto_map=True` says its weights are plain BERT."""
+
+    device: str = "cpu"
+    dtype: torch.dtype | str = "float32"
+    attn: str = "sdpa"
+    texts: Sequence[str] | None = None
+    batch_size: int = 8
+    linear_kernel: str | None = None
+    tolerance: float | None = None
+    progress: bool = True
+    artifacts: bool = False
+    artifact_bound: float = ACCURACY_RATIO
+    artifact_precision: str = "f32"
+    ignore_auto_map: bool = False
+
+    def __post_init__(self) -> None:
+        dtype = DTYPES[self.dtype] if isinstance(self.dtype, str) else self.dtype
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "texts", tuple(self.texts) if self.texts is not None else None)
+        if self.attn not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attn must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, not {self.attn!r}")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            kernels = ", ".join(map(str, LINEAR_KERNELS))
+            raise ValueError(f"linear_kernel must be one of {kernels}, not {self.linear_kernel!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
+        if self.tolerance is not None and not self.tolerance >= 0:
+            raise ValueError(f"tolerance must be a number >= 0, got {self.tolerance}")
+        if self.device_type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: CUDA is not available on this machine")
+        if self.device_type == "mps":
+            raise ValueError(
+                f"device {self.device!r}: the float64 reference cannot run on mps (it has no float64); use cpu"
+            )
+        if not self.artifact_bound > 0:
+            raise ValueError(f"artifact bound must be a number > 0, got {self.artifact_bound}")
+        if self.artifacts and self.device_type != "cpu":
+            raise ValueError(f"device {self.device!r}: deployed artifacts run on the CPU; run with --device cpu")
+        if self.artifacts and dtype != torch.float32:
+            raise ValueError(
+                f"dtype {self.dtype_name}: artifacts are judged against transformers' fp32 error; use float32"
+            )
+
+    @property
+    def device_type(self) -> str:
+        return torch.device(self.device).type
+
+    @property
+    def dtype_name(self) -> str:
+        return next(name for name, value in DTYPES.items() if value == self.dtype)
+
+    @property
+    def precision(self) -> str:
+        """The optimize_for_inference precision whose bound applies."""
+        return "high" if self.linear_kernel == "fast" else "highest"
+
+    @property
+    def bound(self) -> float:
+        """hfbert's bound: ACCURACY_RATIO, or the fast mode's own (`fast_mode_bound`)."""
+        return fast_mode_bound() if self.linear_kernel == "fast" else ACCURACY_RATIO
+
+
 def run_parity(
-    model_path: str | os.PathLike,
+    model_path: str | os.PathLike | ParityPaths,
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
     attn: str = "sdpa",
@@ -67,191 +142,278 @@ def run_parity(
     artifact_names: Sequence[str] | None = None,
     ignore_auto_map: bool = False,
 ) -> ParityReport:
-    """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local
-    directory or a Hub repo id); see the module docstring for what runs, what is compared and when it passes.
-    `reference`: load transformers from this checkpoint instead (default: `model_path`), e.g. to check a
-    converted or re-saved copy against its original. `linear_kernel`: "standard" (default: `nn.Linear`, as built),
-    "packed" (hfbert's model through `hfbert.optimize_for_inference`, judged by the same 1.5x) or "fast" (through
-    `optimize_for_inference(model, precision="high")`, judged by that mode's bound, 3x). `tolerance`: also require
-    max abs against transformers to be at most this. `cache_dir`, `token`: for Hub repo ids, as in huggingface_hub.
-    `model_name`: what the report calls the model (default: `model_path` as given). `artifacts`: deployed
-    artifacts judged on the same batches against the same float64 run (a .onnx file, an OpenVINO .xml, a CTranslate2
-    folder; a relative path not found here is looked up inside the model, on the Hub for a repo id), each output
-    within `artifact_bound` x transformers' fp32 error; `artifact_precision`: OpenVINO's precision hint ("f32", or
-    "default": the CPU's own choice). `artifact_names`: what the report calls them (default: as given).
-    A checkpoint whose config.json maps the model to custom code (`auto_map`) is refused before anything loads, as
-    `from_pretrained` refuses it, unless `ignore_auto_map=True` says its weights are plain BERT."""
+    """Compare hfbert with transformers, and both with transformers in float64, on `model_path` (a local directory
+    or a Hub repo id, or the `ParityPaths` that `resolve_paths` gave); see the module docstring for what runs, what
+    is compared and when it passes. `revision`, `reference`, `artifacts`, `artifact_names`, `cache_dir`, `token`:
+    where the inputs lie, as `resolve_paths` takes them; `model_name`: what the report calls the model (default:
+    `model_path` as given); the rest: how it runs, as `ParityOptions` holds them."""
     transformers = import_transformers()
-    from converters.checkpoint_files import read_checkpoint
-    from converters.hub import CONFIG_FILE, resolve_checkpoint
-    from converters.key_map import MLM_HEAD, head_of, normalize_name
-    from converters.loading import check_auto_map
-    from hfbert.modeling.config import BertConfig
-    from hfbert.modeling.tokenizer import BertTokenizer
-    from hfbert.platform.cpu import cpu_name, instruction_set
-    from hfbert.platform.mkl import mkl_branch
-
     started = time.perf_counter()
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
-    if attn not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"attn must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, not {attn!r}")
-    if linear_kernel not in LINEAR_KERNELS:
-        raise ValueError(f"linear_kernel must be one of {', '.join(map(str, LINEAR_KERNELS))}, not {linear_kernel!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, got {batch_size}")
-    if tolerance is not None and not tolerance >= 0:
-        raise ValueError(f"tolerance must be a number >= 0, got {tolerance}")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
-    if torch.device(device).type == "mps":
-        raise ValueError(f"device {device!r}: the float64 reference cannot run on mps (it has no float64); use cpu")
-    if not artifact_bound > 0:
-        raise ValueError(f"artifact bound must be a number > 0, got {artifact_bound}")
-    if artifacts and torch.device(device).type != "cpu":
-        raise ValueError(f"device {device!r}: deployed artifacts run on the CPU; run with --device cpu")
-    if artifacts and dtype != torch.float32:
-        raise ValueError(f"dtype {dtype_name}: artifacts are judged against transformers' fp32 error; use float32")
-    precision = "high" if linear_kernel == "fast" else "highest"
-    bound = fast_mode_bound() if linear_kernel == "fast" else ACCURACY_RATIO
+    given = model_path.artifacts if isinstance(model_path, ParityPaths) else artifacts
+    options = ParityOptions(
+        device=device,
+        dtype=dtype,
+        attn=attn,
+        texts=texts,
+        batch_size=batch_size,
+        linear_kernel=linear_kernel,
+        tolerance=tolerance,
+        progress=progress,
+        artifacts=bool(given),
+        artifact_bound=artifact_bound,
+        artifact_precision=artifact_precision,
+        ignore_auto_map=ignore_auto_map,
+    )
+    paths = _paths(model_path, revision, reference, artifacts, artifact_names, cache_dir, token)
+    facts = _CheckpointFacts.read(paths, options.ignore_auto_map)
+    checks = _open_artifacts(paths, facts.hidden_size, options)  # one that cannot run fails before the models load
+    tokenizer, runners, ran_kernel = _load_models(transformers, paths, facts, options)
+    config = runners[0].model.config
+    battery = _Battery.build(tokenizer, config, facts, checks, options, paths.directory)
+    battery.run(runners, options, config.max_position_embeddings)
+    del runners
+    gc.collect()
+    label = str(model_name if model_name is not None else paths.model)
+    return _report(label, paths, options, facts, battery, ran_kernel, config, transformers, started)
 
-    hub = {"cache_dir": cache_dir, "token": token}
-    include = {"include_sentence_transformers": True} if artifacts else {}
-    directory = Path(resolve_checkpoint(model_path, revision, include_tokenizer=True, **hub, **include))
-    checkpoint = read_checkpoint(directory)
-    stored = {normalize_name(name) for name in checkpoint.tensors}
-    has_pooler = any(name.startswith("pooler.") for name in stored)
-    has_mlm_head = any(head_of(name) == MLM_HEAD for name in stored)
-    weight_files = _describe_files(checkpoint.files)
-    del checkpoint
-    reference_directory = Path(resolve_checkpoint(reference, **hub)) if reference is not None else directory
-    reference_files = _describe_files(read_checkpoint(reference_directory).files) if reference is not None else []
-    if reference is not None:  # checked as hfbert checks a config (naming the file), before transformers reads it
-        BertConfig.from_json_file(reference_directory / CONFIG_FILE)
 
-    # The artifacts first: one that cannot run fails before the models load.
-    our_config = BertConfig.from_pretrained(directory)
-    if not ignore_auto_map:
-        check_auto_map(our_config.to_dict().get("auto_map"), str(directory / CONFIG_FILE))
-    hidden_size = our_config.hidden_size
-    checks = [
+def _paths(
+    model_path: str | os.PathLike | ParityPaths,
+    revision: str | None,
+    reference: str | os.PathLike | None,
+    artifacts: Sequence[str | os.PathLike],
+    artifact_names: Sequence[str] | None,
+    cache_dir: str | os.PathLike | None,
+    token: str | bool | None,
+) -> ParityPaths:
+    """`model_path` resolved (`resolve_paths`), or as resolved already: then no other argument names a path."""
+    named = {"revision": revision, "reference": reference, "artifact_names": artifact_names, "cache_dir": cache_dir}
+    named["token"] = token
+    if not isinstance(model_path, ParityPaths):
+        return resolve_paths(model_path, artifacts=artifacts, **named)
+    given = [name for name, value in named.items() if value is not None] + (["artifacts"] if artifacts else [])
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: given with paths already resolved (ParityPaths); give them to resolve_paths"
+        )
+    return model_path
+
+
+@dataclass(frozen=True)
+class _CheckpointFacts:
+    """What the run knows of the checkpoint (and its reference) before the models load."""
+
+    has_pooler: bool
+    has_mlm_head: bool
+    hidden_size: int
+    weight_files: list[dict[str, Any]]
+    reference_weight_files: list[dict[str, Any]]
+
+    @classmethod
+    def read(cls, paths: ParityPaths, ignore_auto_map: bool) -> _CheckpointFacts:
+        from converters.checkpoint_files import read_checkpoint
+        from converters.hub import CONFIG_FILE
+        from converters.key_map import MLM_HEAD, head_of, normalize_name
+        from converters.loading import check_auto_map
+        from hfbert.modeling.config import BertConfig
+
+        checkpoint = read_checkpoint(paths.directory)
+        stored = {normalize_name(name) for name in checkpoint.tensors}
+        weight_files = _describe_files(checkpoint.files)
+        del checkpoint
+        reference_files = []
+        if paths.reference is not None:  # checked as hfbert checks a config (naming the file), before transformers
+            reference_files = _describe_files(read_checkpoint(paths.reference).files)
+            BertConfig.from_json_file(paths.reference / CONFIG_FILE)
+        config = BertConfig.from_pretrained(paths.directory)
+        if not ignore_auto_map:
+            check_auto_map(config.to_dict().get("auto_map"), str(paths.directory / CONFIG_FILE))
+        return cls(
+            has_pooler=any(name.startswith("pooler.") for name in stored),
+            has_mlm_head=any(head_of(name) == MLM_HEAD for name in stored),
+            hidden_size=config.hidden_size,
+            weight_files=weight_files,
+            reference_weight_files=reference_files,
+        )
+
+
+def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
+    from converters.hub import sha256_of
+
+    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
+
+
+def _open_artifacts(paths: ParityPaths, hidden_size: int, options: ParityOptions) -> list[ArtifactCheck]:
+    threads = torch.get_num_threads()
+    return [
         ArtifactCheck(
-            str(name),
-            open_artifact(
-                resolve_artifact(artifact, model_path, directory, **hub),
-                hidden_size,
-                torch.get_num_threads(),
-                artifact_precision,
-            ),
-            artifact_bound,
+            name,
+            open_artifact(path, hidden_size, threads, options.artifact_precision),
+            options.artifact_bound,
             instruction_set=instruction_set(),
             vnni=has_vnni(),
         )
-        for name, artifact in zip(artifact_names or artifacts, artifacts, strict=True)
+        for name, path in zip(paths.artifact_names, paths.artifacts, strict=True)
     ]
-    # One model per library, loaded once: the masked-LM model when the checkpoint has that head (its backbone gives
-    # the hidden states, the pooler and the attention probabilities), else the backbone alone.
-    tokenizer = BertTokenizer.from_pretrained(directory)
-    shape = {"has_mlm_head": has_mlm_head, "has_pooler": has_pooler, "dtype": dtype, "device": device, "attn": attn}
+
+
+def _load_models(
+    transformers: Any, paths: ParityPaths, facts: _CheckpointFacts, options: ParityOptions
+) -> tuple[Any, tuple[TorchEngine, TorchEngine, TorchEngine], str]:
+    """The tokenizer, the three models a batch runs through (hfbert, transformers, transformers in float64), and what
+    hfbert's linear layers run on. One model per library, loaded once: the masked-LM model when the
+    checkpoint has that head (its backbone gives the hidden states, the pooler and the attention probabilities),
+    else the backbone alone."""
+    from hfbert.modeling.tokenizer import BertTokenizer
+
+    tokenizer = BertTokenizer.from_pretrained(paths.directory)
+    shape = {"has_mlm_head": facts.has_mlm_head, "has_pooler": facts.has_pooler, "dtype": options.dtype}
+    shape |= {"device": options.device, "attn": options.attn}
     ours, ran_kernel = hfbert_engine.load(
-        directory, linear_kernel=linear_kernel, ignore_auto_map=ignore_auto_map, **shape
+        paths.directory, linear_kernel=options.linear_kernel, ignore_auto_map=options.ignore_auto_map, **shape
     )
-    theirs, exact = transformers_engine.load(transformers, reference_directory, **shape)
-    config = ours.model.config
-    cases = build_cases(
-        tokenizer, list(texts or default_texts()), batch_size, config.max_position_embeddings, config.type_vocab_size
-    )
-    for check in checks:
-        check.untested = {case.name: case.note for case in cases if not case.exercised}
+    theirs, exact = transformers_engine.load(transformers, paths.reference_directory, **shape)
+    return tokenizer, (ours, theirs, exact), ran_kernel
+
+
+@dataclass
+class _Battery:
+    """The cases, the rows they fill, the artifacts judged on them, and (with artifacts) the checkpoint's sentence
+    pipeline with transformers' and the float64 model's sentence numbers, against which the artifacts' are read."""
+
+    cases: list[Case]
+    rows: dict[str, Row]
+    checks: list[ArtifactCheck]
+    pipeline: Any
+    baseline: SentenceStats = field(default_factory=SentenceStats)
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer: Any,
+        config: Any,
+        facts: _CheckpointFacts,
+        checks: list[ArtifactCheck],
+        options: ParityOptions,
+        directory: Path,
+    ) -> _Battery:
+        texts = list(options.texts or default_texts())
+        positions = config.max_position_embeddings
+        cases = build_cases(tokenizer, texts, options.batch_size, positions, config.type_vocab_size)
+        for check in checks:
+            check.untested = {case.name: case.note for case in cases if not case.exercised}
+        pipeline = read_sentence_pipeline(directory, config, tokenizer.model_max_length) if checks else None
+        return cls(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
+
+    def run(
+        self, runners: tuple[TorchEngine, TorchEngine, TorchEngine], options: ParityOptions, max_positions: int
+    ) -> None:
+        """Every batch through the three models and each artifact, compared as it comes. An artifact whose last
+        hidden state fails is then tried with shifted positions (`position_offset`)."""
+        from hfbert.tools.progress import Progress
+
+        if options.device_type == "cpu":
+            # Freed memory kept for the next batch, process-wide (hfbert.platform.allocator): without it, every cast
+            # of the float64 reference's weights and every large output faults its pages in anew (3x slower).
+            from hfbert.platform.allocator import keep_freed_memory
+
+            keep_freed_memory()
+        cases, checks, pipeline = self.cases, self.checks, self.pipeline
+        attentions = options.attn == "eager"  # eager: one call of each model gives the attention probabilities too
+        with no_tf32(options.device_type == "cuda"), torch.no_grad():
+            # A bar on a terminal, a line every 30 s in a log (hfbert.tools.progress).
+            bar = Progress(sum(len(case.batches) for case in cases), "parity", "batch", enabled=options.progress)
+            for case in cases:
+                bar.set_postfix_str(case.name)
+                for index, batch in enumerate(case.batches):
+                    batch = {key: value.to(options.device) for key, value in batch.items()}
+                    kept = compare_batch(case.name, batch, runners, self.rows, options.dtype, options.bound, attentions)
+                    texts_once = index < len(case.batches) - case.added  # an added batch repeats texts: no sentences
+                    for check in checks:
+                        check.update(case.name, batch, *kept, pipeline if texts_once else None)
+                    if checks and pipeline is not None and case.name == SENTENCE_CASE and texts_once:
+                        mask = batch["attention_mask"]
+                        self.baseline.add(*(embed(pipeline, named["last_hidden_state"], mask) for named in kept))
+                    del kept
+                    bar.update()
+            bar.close()
+            probe = next((case.batches[0] for case in cases if case.name == SENTENCE_CASE), None)
+            for check in checks:
+                row = check.rows.get("last_hidden_state")
+                if probe is not None and row is not None and not row.passed and check.error is None:
+                    check.position_offset = position_offset(check.engine.run, runners[2], probe, max_positions)
+
+
+def _rows(layers: int, facts: _CheckpointFacts, options: ParityOptions) -> dict[str, Row]:
+    """Every output compared, in the table's order; the index of each orders them as the plot draws them."""
 
     def accuracy() -> Accuracy:
-        return Accuracy(dtype, tolerance, bound=bound)
+        return Accuracy(options.dtype, options.tolerance, bound=options.bound)
 
-    layers = config.num_hidden_layers
-    attention_note = "eager pass" if attn == "sdpa" else ""
+    attention_note = "eager pass" if options.attn == "sdpa" else ""
     rows = {"embeddings": Row("embeddings", 0, accuracy)}
     rows.update({f"layer {i}": Row(f"layer {i}", 2 * i + 2, accuracy) for i in range(layers)})
-    if has_pooler:
+    if facts.has_pooler:
         rows["pooler"] = Row("pooler", 2 * layers + 1, accuracy)
     for i in range(layers):
         rows[f"attentions layer {i}"] = Row(f"attentions layer {i}", 2 * i + 1, accuracy, note=attention_note)
-    if has_mlm_head:
+    if facts.has_mlm_head:
         rows["mlm logits"] = Row("mlm logits", 2 * layers + 2, accuracy)
         rows[f"mlm top-{TOP_K}"] = Row(f"mlm top-{TOP_K}", 2 * layers + 3, TopKStats)
+    return rows
 
-    runners = (ours, theirs, exact)
-    pipeline = read_sentence_pipeline(directory, config, tokenizer.model_max_length) if checks else None
-    baseline = SentenceStats()
-    from hfbert.tools.progress import Progress
 
-    if torch.device(device).type == "cpu":
-        # Freed memory kept for the next batch, process-wide (hfbert.platform.allocator): without it, every cast of
-        # the float64 reference's weights and every large output faults its pages in anew (3x slower).
-        from hfbert.platform.allocator import keep_freed_memory
-
-        keep_freed_memory()
-    with _no_tf32(torch.device(device).type == "cuda"), torch.no_grad():
-        # A bar on a terminal, a line every 30 s in a log (hfbert.tools.progress).
-        bar = Progress(sum(len(case.batches) for case in cases), "parity", "batch", enabled=progress)
-        for case in cases:
-            bar.set_postfix_str(case.name)
-            for index, batch in enumerate(case.batches):
-                batch = {key: value.to(device) for key, value in batch.items()}
-                kept = _compare_batch(case.name, batch, runners, rows, dtype, bound, attentions=attn == "eager")
-                texts_once = index < len(case.batches) - case.added  # an added batch repeats texts: no sentences
-                for check in checks:
-                    check.update(case.name, batch, *kept, pipeline if texts_once else None)
-                if checks and pipeline is not None and case.name == SENTENCE_CASE and texts_once:
-                    mask = batch["attention_mask"]
-                    baseline.add(*(embed(pipeline, named["last_hidden_state"], mask) for named in kept))
-                del kept
-                bar.update()
-        bar.close()
-        probe = next((case.batches[0] for case in cases if case.name == SENTENCE_CASE), None)
-        for check in checks:
-            row = check.rows.get("last_hidden_state")
-            if probe is not None and row is not None and not row.passed and check.error is None:
-                check.position_offset = position_offset(check.engine.run, exact, probe, config.max_position_embeddings)
-    del runners, ours, theirs, exact
-    gc.collect()
-
+def _report(
+    model: str,
+    paths: ParityPaths,
+    options: ParityOptions,
+    facts: _CheckpointFacts,
+    battery: _Battery,
+    ran_kernel: str,
+    config: Any,
+    transformers: Any,
+    started: float,
+) -> ParityReport:
+    pipeline = battery.pipeline
     return ParityReport(
-        model=str(model_name if model_name is not None else model_path),
-        model_path=str(directory),
-        reference_path=str(reference_directory),
-        device=str(device),
-        dtype=dtype_name,
-        attn=attn,
+        model=model,
+        model_path=str(paths.directory),
+        reference_path=str(paths.reference_directory),
+        device=str(options.device),
+        dtype=options.dtype_name,
+        attn=options.attn,
         linear_kernel=ran_kernel,
         instruction_set=instruction_set(),
-        tolerance=tolerance,
-        num_layers=layers,
-        versions={
-            "hfbert": _installed_version("hfbert"),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name(),
-            "mkl": mkl_branch(),
-        },
-        weight_files=weight_files,
-        reference_weight_files=reference_files,
-        cases=[case.describe() for case in cases],
-        rows=list(rows.values()),
+        tolerance=options.tolerance,
+        num_layers=config.num_hidden_layers,
+        versions=_versions(options.device, transformers),
+        weight_files=facts.weight_files,
+        reference_weight_files=facts.reference_weight_files,
+        cases=[case.describe() for case in battery.cases],
+        rows=list(battery.rows.values()),
         seconds=round(time.perf_counter() - started, 3),
-        accuracy_bound=bound,
-        precision=precision,
-        artifacts=checks,
+        accuracy_bound=options.bound,
+        precision=options.precision,
+        artifacts=battery.checks,
         sentence_pipeline=pipeline.describe() if pipeline is not None else "",
-        sentence_baseline=baseline.numbers(),
+        sentence_baseline=battery.baseline.numbers(),
     )
+
+
+def _versions(device: str, transformers: Any) -> dict[str, str]:
+    return {
+        "hfbert": _installed_version("hfbert"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name(),
+        "mkl": mkl_branch(),
+    }
 
 
 def has_vnni() -> bool:
     """Whether the CPU multiplies u8 x s8 with VNNI (AVX512_VNNI or AVX_VNNI): without it, the products of
     dynamically quantized int8 graphs saturate in 16 bits."""
-    from hfbert.platform.cpu import cpu_flags
-
     flags = cpu_flags()
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
 

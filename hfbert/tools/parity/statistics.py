@@ -17,7 +17,7 @@ TOP_K = 5
 ACCURACY_RATIO = 1.5  # hfbert's RMS error against float64 may be at most this many times transformers' own
 
 
-def _worse(current: float, value: float) -> float:
+def worse(current: float, value: float) -> float:
     """The larger of two errors, where NaN (a model produced NaN or inf) is the worst of all."""
     return value if math.isnan(value) or value > current else current
 
@@ -91,14 +91,14 @@ class Stats:
 
     def add(self, slices: list[Slice]) -> None:
         for part in slices:  # in order: the sums come out the same whichever records they are added to
-            self.max_abs = _worse(self.max_abs, part.max_abs)
-            self.reference_max_abs = _worse(self.reference_max_abs, part.reference_max_abs)
+            self.max_abs = worse(self.max_abs, part.max_abs)
+            self.reference_max_abs = worse(self.reference_max_abs, part.reference_max_abs)
             self.sum_abs += part.sum_abs
             self.sum_squares += part.sum_squares
             self.reference_sum_squares += part.reference_sum_squares
             self.elements += part.elements
             self.vectors += part.vectors
-            self.max_rel = _worse(self.max_rel, part.max_rel)
+            self.max_rel = worse(self.max_rel, part.max_rel)
             cosine = part.min_cosine
             self.min_cosine = cosine if math.isnan(cosine) or cosine < self.min_cosine else self.min_cosine
 
