@@ -26,15 +26,6 @@ from hfbert.platform.cpu import cpu_name, instruction_set
 MODES = {"fp32, kernels='always'": {"kernels": "always"}, "int8": {"quantize": "int8"}}
 
 
-def _median_seconds(function, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def measure(options: dict, calls: int) -> dict:
     torch.manual_seed(0)
     model = hfbert.optimize_for_inference(hfbert.BertModel(hfbert.BertConfig()), **options)
