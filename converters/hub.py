@@ -43,6 +43,8 @@ TOKENIZER_FILES = (
     "vocab.txt",
     "special_tokens_map.json",
     "added_tokens.json",
+    "vocab.json",  # RoBERTa's byte-level BPE without tokenizer.json, with merges.txt
+    "merges.txt",
 )
 # The sentence-transformers files a checkpoint may carry beside the backbone, as fnmatch patterns of paths
 # relative to the checkpoint directory ("/" separated, as on the Hub). Module folders are named "<index>_<Type>"

@@ -3,7 +3,8 @@
 Read the tables top to bottom; `map_key` applies them in that order:
 
 1. wrappers added by training code (`module.` from DDP, `_orig_mod.` from torch.compile) are stripped;
-2. the base-model prefix `bert.` is stripped, giving a backbone-relative name (`embeddings.word_embeddings...`);
+2. the base-model prefix of the model's family (`bert.`; `roberta.` for RoBERTa, XLM-RoBERTa and CamemBERT) is
+   stripped, giving a backbone-relative name (`embeddings.word_embeddings...`);
 3. exactly `*.LayerNorm.gamma` / `*.LayerNorm.beta` (2018 TensorFlow-port names) become `weight` / `bias`;
    nothing else named gamma or beta is touched;
 4. a name under a task head (`HEADS`) goes to that head when the model has it, and is ignored by design when
@@ -12,11 +13,13 @@ Read the tables top to bottom; `map_key` applies them in that order:
    model computes (checked in `check_legacy_buffer`);
 6. everything else belongs to the backbone, under the model's base prefix (`""` for BertModel, `bert.` for the
    task models, as in transformers).
+
+The families differ only in the names of the prefix and the heads: one `KeyLayout` each, in `LAYOUTS`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -24,25 +27,55 @@ from torch import Tensor
 from converters.errors import CheckpointError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-BACKBONE_PREFIX = "bert."
 RENAMED_SUFFIXES = {
     ".LayerNorm.gamma": ".LayerNorm.weight",
     ".LayerNorm.beta": ".LayerNorm.bias",
 }
-# Task heads, by the prefix of their tensors -> what they are (shown in the load report when skipped).
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """How one model family names its tensors: the encoder's prefix in task models, the task heads by the prefix of
+    their tensors (-> what they are, shown in the load report when skipped), and the masked-LM decoder's ties to
+    backbone-relative names (transformers stores neither tied copy; a decoder stored equal to its source is the tie
+    written out)."""
+
+    prefix: str
+    heads: dict[str, str] = field(hash=False)
+    tied_decoder: dict[str, str] = field(hash=False)
+
+
 MLM_HEAD, NSP_HEAD, CLASSIFIER_HEAD, QA_HEAD = "cls.predictions.", "cls.seq_relationship.", "classifier.", "qa_outputs."
-HEADS = {
-    MLM_HEAD: "masked-LM pre-training head",
-    NSP_HEAD: "next-sentence pre-training head",
-    CLASSIFIER_HEAD: "classification head",
-    QA_HEAD: "question-answering head",
-}
-# The masked-LM decoder is tied (the same tensor) to these backbone-relative names; transformers stores neither
-# tied copy, and a decoder stored equal to its source is the tie written out.
-TIED_DECODER = {
-    MLM_HEAD + "decoder.weight": "embeddings.word_embeddings.weight",
-    MLM_HEAD + "decoder.bias": MLM_HEAD + "bias",
-}
+BERT_KEYS = KeyLayout(
+    prefix="bert.",
+    heads={
+        MLM_HEAD: "masked-LM pre-training head",
+        NSP_HEAD: "next-sentence pre-training head",
+        CLASSIFIER_HEAD: "classification head",
+        QA_HEAD: "question-answering head",
+    },
+    tied_decoder={
+        MLM_HEAD + "decoder.weight": "embeddings.word_embeddings.weight",
+        MLM_HEAD + "decoder.bias": MLM_HEAD + "bias",
+    },
+)
+LM_HEAD = "lm_head."
+ROBERTA_KEYS = KeyLayout(
+    prefix="roberta.",
+    heads={
+        LM_HEAD: "masked-LM head",
+        CLASSIFIER_HEAD: "classification head",
+        QA_HEAD: "question-answering head",
+    },
+    tied_decoder={
+        LM_HEAD + "decoder.weight": "embeddings.word_embeddings.weight",
+        LM_HEAD + "decoder.bias": LM_HEAD + "bias",
+    },
+)
+# config.json's model_type -> its family's names. XLM-RoBERTa and CamemBERT checkpoints are RoBERTa's, key for key.
+LAYOUTS = {"bert": BERT_KEYS, "roberta": ROBERTA_KEYS, "xlm-roberta": ROBERTA_KEYS, "camembert": ROBERTA_KEYS}
+# BERT's names under their older constant names.
+BACKBONE_PREFIX, HEADS, TIED_DECODER = BERT_KEYS.prefix, BERT_KEYS.heads, BERT_KEYS.tied_decoder
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,
 # that value for a given max_position_embeddings).
 LEGACY_BUFFERS = {
@@ -61,35 +94,49 @@ class MappedKey:
     reason: str = ""
 
 
-def normalize_name(name: str) -> str:
-    """Steps 1-3: strip wrappers and the `bert.` prefix, rename LayerNorm gamma/beta.
+def normalize_name(name: str, layout: KeyLayout = BERT_KEYS) -> str:
+    """Steps 1-3: strip wrappers and the family's prefix (`bert.`), rename LayerNorm gamma/beta.
 
     >>> normalize_name("module.bert.encoder.layer.0.output.LayerNorm.beta")
     'encoder.layer.0.output.LayerNorm.bias'
     """
-    key = name
-    stripped = True
-    while stripped:
-        stripped = False
-        for prefix in WRAPPER_PREFIXES:
-            if key.startswith(prefix):
-                key, stripped = key[len(prefix) :], True
-    if key.startswith(BACKBONE_PREFIX):
-        key = key[len(BACKBONE_PREFIX) :]
+    key = _unwrapped(name).removeprefix(layout.prefix)
     for old_suffix, new_suffix in RENAMED_SUFFIXES.items():
         if key.endswith(old_suffix):
             key = key[: -len(old_suffix)] + new_suffix
     return key
 
 
-def head_of(normalized: str) -> str | None:
-    """The `HEADS` prefix this (normalized) name belongs to, or None for a backbone name."""
-    return next((prefix for prefix in HEADS if normalized.startswith(prefix)), None)
+def _unwrapped(name: str) -> str:
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, stripped = name[len(prefix) :], True
+    return name
 
 
-def map_key(name: str, model_heads: tuple[str, ...] = (), base_prefix: str = "") -> MappedKey:
-    """Map one checkpoint tensor name to a parameter name of a model that has `model_heads` (`HEADS` prefixes, or
-    the prefixes of a user's own head modules) and keeps its backbone under `base_prefix`.
+def family_of_prefix(name: str) -> str | None:
+    """The family (the first model_type of `LAYOUTS`) whose encoder prefix `name` carries, or None.
+
+    >>> family_of_prefix("roberta.embeddings.word_embeddings.weight")
+    'roberta'
+    """
+    unwrapped = _unwrapped(name)
+    return next((model_type for model_type, layout in LAYOUTS.items() if unwrapped.startswith(layout.prefix)), None)
+
+
+def head_of(normalized: str, layout: KeyLayout = BERT_KEYS) -> str | None:
+    """The head prefix (of `layout.heads`) this (normalized) name belongs to, or None for a backbone name."""
+    return next((prefix for prefix in layout.heads if normalized.startswith(prefix)), None)
+
+
+def map_key(
+    name: str, model_heads: tuple[str, ...] = (), base_prefix: str = "", layout: KeyLayout = BERT_KEYS
+) -> MappedKey:
+    """Map one checkpoint tensor name to a parameter name of a model of `layout`'s family that has `model_heads`
+    (prefixes of `layout.heads`, or of a user's own head modules) and keeps its backbone under `base_prefix`.
 
     >>> map_key("bert.embeddings.LayerNorm.gamma").target
     'embeddings.LayerNorm.weight'
@@ -98,10 +145,10 @@ def map_key(name: str, model_heads: tuple[str, ...] = (), base_prefix: str = "")
     >>> map_key("cls.predictions.bias", model_heads=("cls.predictions.",), base_prefix="bert.").action
     'loaded'
     """
-    key = normalize_name(name)
-    head = next((prefix for prefix in model_heads if key.startswith(prefix)), None) or head_of(key)
+    key = normalize_name(name, layout)
+    head = next((prefix for prefix in model_heads if key.startswith(prefix)), None) or head_of(key, layout)
     if head is not None and head not in model_heads:
-        return MappedKey(name, None, "ignored", f"{HEADS[head]}; the model has no such head")
+        return MappedKey(name, None, "ignored", f"{layout.heads[head]}; the model has no such head")
     if key in LEGACY_BUFFERS:
         return MappedKey(
             name, key, "legacy buffer", f"computed by hfbert; stored value must be {LEGACY_BUFFERS[key][0]}"

@@ -31,7 +31,7 @@ from converters.checkpoint_files import CheckpointTensors, read_checkpoint
 from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
-from converters.key_map import check_legacy_buffer, map_key, normalize_name
+from converters.key_map import LAYOUTS, KeyLayout, check_legacy_buffer, family_of_prefix, map_key, normalize_name
 from converters.load_report import LoadReport
 
 
@@ -73,6 +73,7 @@ def load_pretrained(
             values.pop("id2label", None), values.pop("label2id", None)
         config = config_class.from_dict({**values, **overrides}, source=config.source)
     checkpoint = read_checkpoint(directory)
+    check_family(model_class, config, checkpoint)
     constructor_kwargs = {key: value for key, value in kwargs.items() if key not in config_fields}
     with torch.device("meta"), skipped_initialisation():
         config._attn_implementation = attn_implementation
@@ -89,6 +90,7 @@ def load_pretrained(
         heads,
         model.base_prefix,
         tied,
+        model.key_layout,
     )
     new_head = _new_head_parameters(report, heads)
     for name in new_head:
@@ -110,7 +112,7 @@ def load_pretrained(
     stored = state
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
     for name, tensor in state.items():  # before anything is assigned: an overflow leaves no model behind
-        origin = functools.partial(_origin, name, checkpoint, heads, model.base_prefix)
+        origin = functools.partial(_origin, name, checkpoint, heads, model.base_prefix, model.key_layout)
         check_cast(name, stored[name], tensor, origin, "load as")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
@@ -161,10 +163,12 @@ def check_cast(name: str, original: Tensor, result: Tensor, where: str | Callabl
     )
 
 
-def _origin(target: str, checkpoint: CheckpointTensors, model_heads: tuple[str, ...], base_prefix: str) -> str:
+def _origin(
+    target: str, checkpoint: CheckpointTensors, model_heads: tuple[str, ...], base_prefix: str, layout: KeyLayout
+) -> str:
     """The file a model parameter was read from ("the checkpoint's files" for one it initialised)."""
     for name, file in checkpoint.origin.items():
-        if map_key(name, model_heads, base_prefix).target == target:
+        if map_key(name, model_heads, base_prefix, layout).target == target:
             return str(file)
     return ", ".join(str(file) for file in checkpoint.files)
 
@@ -197,6 +201,7 @@ def match_checkpoint(
     model_heads: tuple[str, ...] = (),
     base_prefix: str = "",
     tied: dict[str, str] | None = None,
+    layout: KeyLayout = LAYOUTS["bert"],
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Map every checkpoint tensor to a model parameter; report what fits and what does not.
 
@@ -211,7 +216,7 @@ def match_checkpoint(
     tied_copies: list[tuple[str, str, Tensor]] = []
     has_pooler = base_prefix + "pooler.dense.weight" in expected_shapes
     for name, tensor in checkpoint.tensors.items():
-        mapped = map_key(name, model_heads, base_prefix)
+        mapped = map_key(name, model_heads, base_prefix, layout)
         file = str(checkpoint.origin[name])
         if mapped.action == "ignored":
             report.ignored_by_design[name] = mapped.reason
@@ -228,7 +233,7 @@ def match_checkpoint(
             tied_copies.append((name, target, tensor))
             continue
         if target not in expected_shapes:
-            if normalize_name(name).startswith("pooler.") and not has_pooler:
+            if normalize_name(name, layout).startswith("pooler.") and not has_pooler:
                 report.ignored_by_design[name] = "pooler; the model is built without one"
             else:
                 report.unexpected.append(name)
@@ -259,6 +264,25 @@ def match_checkpoint(
     mismatched = {name for name, _, _ in report.mismatched}
     report.missing = [name for name in expected_shapes if name not in state and name not in mismatched]
     return state, report
+
+
+def check_family(model_class: type[nn.Module], config: Any, checkpoint: CheckpointTensors) -> None:
+    """Refuse, before anything is built, a config.json of another family than the class (a RoBERTa config into
+    `BertModel`) and tensors named for another family than config.json says (`bert.` tensors beside "roberta")."""
+    where = config.source or "config.json"
+    layout = LAYOUTS[config.model_type]
+    if layout is not model_class.key_layout:
+        raise CheckpointError(
+            f"{where}: model_type {config.model_type!r} is not loaded by {model_class.__name__}; use its family's "
+            "class (hfbert.AutoModel picks it from config.json)"
+        )
+    for name in checkpoint.tensors:
+        family = family_of_prefix(name)
+        if family is not None and LAYOUTS[family] is not layout:
+            raise CheckpointError(
+                f"{checkpoint.origin[name]}: tensor '{name}' is named as a {family!r} checkpoint's, but {where} says "
+                f"model_type {config.model_type!r}; the config and the weights are of different models"
+            )
 
 
 def non_finite(tensor: Tensor) -> str:

@@ -3,7 +3,8 @@ id of every token.
 
 `save_pretrained` asks whether the tokenizer a save leaves in a folder goes with the model (`converters/saving.py`).
 It only warns, so these readers are lenient: what cannot be read is skipped, and loading the tokenizer names it.
-`read_vocab_txt` is also the tokenizer's own reading of vocab.txt (`hfbert/modeling/tokenizer.py`).
+`read_vocab_txt`, `read_vocab_json` and `read_merges_txt` are also the tokenizer's own readings of WordPiece's
+vocab.txt and byte-level BPE's vocab.json + merges.txt (`hfbert/modeling/tokenizer.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,44 @@ def read_vocab_txt(path: Path) -> dict[str, int]:
         return {line.rstrip("\n"): index for index, line in enumerate(handle)}
 
 
+def read_vocab_json(path: Path) -> dict[str, int]:
+    """vocab.json's token -> id (a byte-level BPE vocabulary, RoBERTa's); ValueError naming the file for anything
+    but a JSON object of strings to non-negative integers."""
+    vocab = read_json_object(path)
+    bad = next((token for token, index in vocab.items() if not _is_id(index)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: token {bad!r} has id {vocab[bad]!r}; expected a non-negative integer")
+    return vocab
+
+
+def read_merges_txt(path: Path) -> list[tuple[str, str]]:
+    """merges.txt's merges in rank order, as the tokenizers library reads the file: lines starting with "#version"
+    skipped, every other line two parts separated by one space. ValueError naming the file and line otherwise."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not valid UTF-8 ({error.reason})") from None
+    # Split on "\n" alone and drop one "\r" before it, as Rust's `lines()`; text mode would also split at a lone "\r".
+    lines = text.split("\n")
+    if not lines[-1]:  # the end of the last line, or an empty file
+        lines.pop()
+    merges = []
+    for number, line in enumerate(lines, 1):
+        line = line.removesuffix("\r")
+        if line.startswith("#version"):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise ValueError(f"{path}: line {number} is {line[:80]!r}; expected two tokens separated by one space")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
 def vocabulary(directory: Path, tokenizer_json: Any = None) -> dict[str, Any] | bytes | None:
     """The token -> id table the tokenizer in `directory` is built on, before added tokens: tokenizer.json's model
-    vocabulary where there is one (transformers' fast tokenizers and hfbert read it first), else vocab.txt's lines.
-    A file that cannot be read so is compared by its bytes; None without either file. `tokenizer_json`: the file's
+    vocabulary where there is one (transformers' fast tokenizers and hfbert read it first), else vocab.txt's lines,
+    else vocab.json's object (byte-level BPE).
+    A file that cannot be read so is compared by its bytes; None without any of them. `tokenizer_json`: the file's
     JSON when the caller has read it."""
     path = directory / "tokenizer.json"
     if path.is_file():
@@ -35,12 +70,15 @@ def vocabulary(directory: Path, tokenizer_json: Any = None) -> dict[str, Any] | 
             return {str(entry[0]): index for index, entry in enumerate(vocab) if isinstance(entry, list) and entry}
         return vocab if isinstance(vocab, dict) else path.read_bytes()
     path = directory / "vocab.txt"
+    if path.is_file():
+        try:
+            return read_vocab_txt(path)
+        except UnicodeDecodeError:
+            return path.read_bytes()
+    path = directory / "vocab.json"
     if not path.is_file():
         return None
-    try:
-        return read_vocab_txt(path)
-    except UnicodeDecodeError:
-        return path.read_bytes()
+    return _json_file(path) or path.read_bytes()
 
 
 def token_ids(directory: Path) -> dict[str, int]:

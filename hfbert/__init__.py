@@ -6,7 +6,15 @@
 
 from converters.errors import CheckpointError
 from hfbert.inference import optimize_for_inference, restore_weights
-from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.auto import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+from hfbert.modeling.config import BertConfig, CamembertConfig, ConfigError, RobertaConfig, XLMRobertaConfig
 from hfbert.modeling.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -19,12 +27,39 @@ from hfbert.modeling.heads import (
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.outputs import BertModelOutput
 from hfbert.modeling.pretrained import BertPreTrainedModel
+from hfbert.modeling.roberta import (
+    CamembertForMaskedLM,
+    CamembertForMultipleChoice,
+    CamembertForQuestionAnswering,
+    CamembertForSequenceClassification,
+    CamembertForTokenClassification,
+    CamembertModel,
+    RobertaForMaskedLM,
+    RobertaForMultipleChoice,
+    RobertaForQuestionAnswering,
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
+    RobertaModel,
+    XLMRobertaForMaskedLM,
+    XLMRobertaForMultipleChoice,
+    XLMRobertaForQuestionAnswering,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaForTokenClassification,
+    XLMRobertaModel,
+)
 from hfbert.platform.mkl import use_fast_branch
 
 # Before anything computes: MKL's fast branch on AMD CPUs, chosen at MKL's first product (platform/mkl.py).
 use_fast_branch()
 
 __all__ = [
+    "AutoModel",
+    "AutoModelForMaskedLM",
+    "AutoModelForMultipleChoice",
+    "AutoModelForQuestionAnswering",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoTokenizer",
     "BatchEncoding",
     "BertConfig",
     "BertForMaskedLM",
@@ -38,8 +73,31 @@ __all__ = [
     "BertModelOutput",
     "BertPreTrainedModel",
     "BertTokenizer",
+    "CamembertConfig",
+    "CamembertForMaskedLM",
+    "CamembertForMultipleChoice",
+    "CamembertForQuestionAnswering",
+    "CamembertForSequenceClassification",
+    "CamembertForTokenClassification",
+    "CamembertModel",
     "CheckpointError",
     "ConfigError",
+    "RobertaConfig",
+    "RobertaForMaskedLM",
+    "RobertaForMultipleChoice",
+    "RobertaForQuestionAnswering",
+    "RobertaForSequenceClassification",
+    "RobertaForTokenClassification",
+    "RobertaModel",
+    "RobertaTokenizer",
+    "XLMRobertaConfig",
+    "XLMRobertaForMaskedLM",
+    "XLMRobertaForMultipleChoice",
+    "XLMRobertaForQuestionAnswering",
+    "XLMRobertaForSequenceClassification",
+    "XLMRobertaForTokenClassification",
+    "XLMRobertaModel",
+    "XLMRobertaTokenizer",
     "optimize_for_inference",
     "restore_weights",
 ]
@@ -48,7 +106,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # The tokenizer pulls in the `tokenizers` library; load it on first use so `import hfbert` stays light.
-    if name in ("BertTokenizer", "BatchEncoding"):
+    if name in ("AutoTokenizer", "BertTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer", "BatchEncoding"):
         from hfbert.modeling import tokenizer
 
         return getattr(tokenizer, name)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from converters.json_files import read_json
+from converters.key_map import LAYOUTS
 from hfbert.modeling.activations import ACTIVATIONS
 
 
@@ -181,8 +182,17 @@ class BertConfig:
             raise self._fail("problem_type", f"is {self.problem_type!r}; expected one of {PROBLEM_TYPES}")
         if self.problem_type == "single_label_classification" and self.num_labels == 1:  # as transformers refuses it
             raise self._fail("problem_type", "'single_label_classification' needs num_labels > 1 (use 'regression')")
-        if self.model_type != "bert":
-            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads only 'bert' checkpoints")
+        if self.model_type not in LAYOUTS:
+            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {', '.join(map(repr, LAYOUTS))}")
+        if self.positions_after_padding:
+            if not _is_integer(self.pad_token_id):
+                raise self._fail("pad_token_id", f"must be set for {self.model_type!r}: positions count from it")
+            if self.max_sequence_length < 1:
+                raise self._fail(
+                    "max_position_embeddings",
+                    f"({self.max_position_embeddings}) must exceed pad_token_id + 1 ({self.pad_token_id + 1}): "
+                    f"{self.model_type!r} positions start after the padding index",
+                )
 
     # -- derived -----------------------------------------------------------------------------------------------
     @property
@@ -198,6 +208,20 @@ class BertConfig:
                 "hidden_size",
                 f"({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})",
             )
+
+    @property
+    def positions_after_padding(self) -> bool:
+        """RoBERTa's one difference in the encoder: position ids count from `pad_token_id + 1` for real tokens and
+        are `pad_token_id` at pads (fairseq's `make_positions`); BERT's count from 0, padding included."""
+        return self.model_type in ROBERTA_FAMILY
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest input the position table covers: `max_position_embeddings`, less `pad_token_id + 1` where
+        positions start after the padding index (514 - 2 = 512 for roberta-base)."""
+        if self.positions_after_padding:
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
 
     @property
     def head_size(self) -> int:
@@ -228,6 +252,12 @@ class BertConfig:
                 typed[name] = bool(typed[name])
         extra = {key: value for key, value in values.items() if key not in known}
         # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
+        # A family member's file gets its class, as transformers' AutoConfig gives it (its defaults fill gaps).
+        family_class = (
+            CONFIG_CLASSES.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
+        )
+        if issubclass(family_class, cls):
+            cls = family_class
         return cls(**typed, extra_fields=extra, source=source)
 
     @classmethod
@@ -323,6 +353,38 @@ class BertConfig:
             temporary.write_text(self.to_json_string(), encoding="utf-8")
 
 
+ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
+
+
+@dataclass
+class RobertaConfig(BertConfig):
+    """config.json of a RoBERTa checkpoint: BertConfig's fields, with transformers' RobertaConfig defaults."""
+
+    vocab_size: int = 50265
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    model_type: str = "roberta"
+
+
+@dataclass
+class XLMRobertaConfig(RobertaConfig):
+    vocab_size: int = 30522
+    model_type: str = "xlm-roberta"
+
+
+@dataclass
+class CamembertConfig(RobertaConfig):
+    vocab_size: int = 30522
+    model_type: str = "camembert"
+
+
+CONFIG_CLASSES = {
+    "bert": BertConfig,
+    "roberta": RobertaConfig,
+    "xlm-roberta": XLMRobertaConfig,
+    "camembert": CamembertConfig,
+}
 _POSITIVE_INTEGERS = (
     "vocab_size",
     "hidden_size",

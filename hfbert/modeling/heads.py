@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from converters.key_map import BACKBONE_PREFIX, CLASSIFIER_HEAD, MLM_HEAD, NSP_HEAD, QA_HEAD, TIED_DECODER, head_of
+from converters.key_map import CLASSIFIER_HEAD, MLM_HEAD, NSP_HEAD, QA_HEAD, head_of
 from hfbert.modeling.activations import ACTIVATIONS
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.inputs import class_labels
@@ -65,14 +65,17 @@ class BertPreTrainingHeads(nn.Module):
 class _BertWithHead(BertPreTrainedModel):
     """Shared by the task models: the encoder call and the transformers-style return."""
 
+    # The encoder's class; it is kept at `base_model_prefix` (`self.bert`, RoBERTa's `self.roberta`).
+    backbone_class: type[BertModel] = BertModel
+
     def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str | None) -> None:
         super().__init__(config)
-        config = self.config
-        self.bert = BertModel(config, add_pooling_layer=add_pooling_layer, attn_implementation=attn_implementation)
+        encoder = self.backbone_class(self.config, add_pooling_layer, attn_implementation=attn_implementation)
+        self.add_module(self.base_model_prefix, encoder)
 
     def encode(self, *inputs: Any) -> Any:
         """The encoder on forward's first seven arguments (input_ids ... output_hidden_states), in that order."""
-        return self.bert(*inputs, return_dict=True)
+        return self.backbone(*inputs, return_dict=True)
 
     def finish(self, output: Any, return_dict: bool | None) -> Any:
         # As transformers' task models (`can_return_tuple`): by truthiness, the config's when none is given.
@@ -86,21 +89,26 @@ class _BertWithHead(BertPreTrainedModel):
 
 
 class _MaskedLanguageModel(_BertWithHead):
+    @property
+    def prediction_head(self) -> nn.Module:
+        """The masked-LM head: hidden states -> vocabulary logits, with a `decoder` Linear and its `bias`."""
+        return self.cls.predictions
+
     def tied_weights(self) -> dict[str, str]:
         tied = {}
-        for name, source in TIED_DECODER.items():
-            if head_of(source) is None:  # the word embeddings, tied only when the config says so
+        for name, source in self.key_layout.tied_decoder.items():
+            if head_of(source, self.key_layout) is None:  # the word embeddings, tied only when the config says so
                 if not self.config.tie_word_embeddings:
                     continue
-                source = BACKBONE_PREFIX + source
+                source = self.base_prefix + source
             tied[name] = source
         return tied
 
     def get_output_embeddings(self) -> nn.Linear:
-        return self.cls.predictions.decoder
+        return self.prediction_head.decoder
 
     def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
-        predictions = self.cls.predictions
+        predictions = self.prediction_head
         old = predictions.bias
         # transformers (5.24) grows the bias with zeros while the decoder is tied, with the old mean once untied.
         tied = self.config.tie_word_embeddings
@@ -192,7 +200,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
             output_attentions,
             output_hidden_states,
         )
-        logits = self.cls.predictions(encoded.last_hidden_state)
+        logits = self.prediction_head(encoded.last_hidden_state)
         loss = None
         if labels is not None:  # label -100 marks positions without a target
             labels = class_labels("labels", labels, self.config.vocab_size, logits.shape[:-1].numel())
@@ -209,7 +217,7 @@ class BertForMaskedLM(_MaskedLanguageModel):
         if not 1 <= top_k <= self.config.vocab_size:
             raise ValueError(f"top_k must be in [1, {self.config.vocab_size}] (the vocabulary size), got {top_k}")
         # One token more than the model takes tells "too long" without tokenising all of a 5 MB text.
-        limit = self.config.max_position_embeddings
+        limit = self.config.max_sequence_length
         encoding = tokenizer(text, truncation=True, max_length=limit + 1, return_tensors="pt")
         if encoding["input_ids"].shape[1] > limit:
             raise ValueError(f"the text is longer than the model's {limit} tokens (max_position_embeddings)")
@@ -219,10 +227,12 @@ class BertForMaskedLM(_MaskedLanguageModel):
             raise ValueError(
                 f"fill_mask needs exactly one {tokenizer.mask_token!r} in the text, found {len(positions)}"
             )
+        # RoBERTa's tokenizers give no token_type_ids: none means all zeros.
+        token_type_ids = encoding.get("token_type_ids")
         logits = self(
             input_ids=input_ids,
             attention_mask=encoding["attention_mask"].to(self.device),
-            token_type_ids=encoding["token_type_ids"].to(self.device),
+            token_type_ids=token_type_ids.to(self.device) if token_type_ids is not None else None,
             return_dict=True,
         ).logits[0, positions[0]]
         scores, token_ids = logits.float().softmax(-1).topk(top_k)
@@ -287,6 +297,10 @@ class BertForSequenceClassification(_BertWithHead):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
+    def classify(self, encoded: Any) -> Tensor:
+        """The encoder's output -> (batch, num_labels) logits: BERT's classifier reads the pooler."""
+        return self.classifier(self.dropout(encoded.pooler_output))
+
     def problem_type(self, labels: Tensor) -> str:
         """transformers' rule when config.problem_type is unset."""
         if self.config.problem_type is not None:
@@ -318,7 +332,7 @@ class BertForSequenceClassification(_BertWithHead):
             output_attentions,
             output_hidden_states,
         )
-        logits = self.classifier(self.dropout(encoded.pooler_output))
+        logits = self.classify(encoded)
         loss = None
         if labels is not None:
             problem = self.problem_type(labels)
@@ -382,7 +396,7 @@ class BertForQuestionAnswering(_BertWithHead):
         config = self.config
         # Start / end logits at pad positions take part in the loss (as in transformers), so the encoder keeps
         # computing pad positions instead of running padding-free.
-        self.bert.padding_free = False
+        self.backbone.padding_free = False
         self.num_labels = config.num_labels
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()

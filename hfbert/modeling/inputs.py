@@ -81,10 +81,13 @@ def check_inputs(
                 f"position_ids has shape {tuple(position_ids.shape)}; expected (sequence,), (1, sequence) or "
                 f"(batch, sequence) with sequence = {shape[1]}"
             )
-    elif shape[1] > config.max_position_embeddings:
+    elif shape[1] > config.max_sequence_length:
+        limit = f"max_position_embeddings = {config.max_position_embeddings}"
+        if config.positions_after_padding:
+            limit = f"{config.max_sequence_length} = {limit} - pad_token_id ({config.pad_token_id}) - 1"
         raise ValueError(
-            f"sequence length {shape[1]} exceeds max_position_embeddings = {config.max_position_embeddings}; "
-            f"truncate the input (tokenizer truncation=True, max_length={config.max_position_embeddings})"
+            f"sequence length {shape[1]} exceeds {limit}; "
+            f"truncate the input (tokenizer truncation=True, max_length={config.max_sequence_length})"
         )
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return

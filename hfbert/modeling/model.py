@@ -35,7 +35,9 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        # RoBERTa's pad position has its own row, initialised to zero and never trained, as its pad token's.
+        position_padding = config.pad_token_id if config.positions_after_padding else None
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, position_padding)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -55,13 +57,27 @@ class BertEmbeddings(nn.Module):
         else:
             token_type_embeddings = self.token_type_embeddings(token_type_ids)
         if position_ids is None:
-            # Positions count from 0 at the first column, padding included (as in transformers): with left
-            # padding, pass position_ids to start real tokens at 0.
+            # BERT's positions count from 0 at the first column, padding included (as in transformers): with left
+            # padding, pass position_ids to start real tokens at 0. (RoBERTa's come from `BertModel.forward`.)
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
         # Same summation order as transformers, so fp32 results agree to the last bits.
         embeddings = inputs_embeds + token_type_embeddings
         embeddings = embeddings + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(embeddings))
+
+
+def positions_after_padding(input_ids: Tensor | None, inputs_embeds: Tensor | None, padding_idx: int) -> Tensor:
+    """RoBERTa's default position ids (fairseq's `make_positions`): `padding_idx + 1, + 2, ...` over each row's
+    non-pad tokens, `padding_idx` at pads, so left padding shifts nothing. From `inputs_embeds`, whose pads are
+    unknown: `padding_idx + 1` onwards in every column.
+
+    >>> positions_after_padding(torch.tensor([[0, 5, 2, 1, 1], [1, 0, 7, 2, 1]]), None, padding_idx=1).tolist()
+    [[2, 3, 4, 1, 1], [1, 2, 3, 4, 1]]
+    """
+    if input_ids is None:
+        return torch.arange(padding_idx + 1, inputs_embeds.shape[1] + padding_idx + 1, device=inputs_embeds.device)
+    real = input_ids.ne(padding_idx).long()
+    return real.cumsum(dim=1) * real + padding_idx
 
 
 class BertSelfAttention(nn.Module):
@@ -246,6 +262,9 @@ class BertModel(BertPreTrainedModel):
             inputs_embeds,
             dtype=self.dtype,
         )
+        if position_ids is None and self.config.positions_after_padding:
+            # Counted on the padded rows, before a padding-free batch packs them: each sequence restarts.
+            position_ids = positions_after_padding(input_ids, inputs_embeds, self.config.pad_token_id)
         batch = self.layout(attention_mask, output_attentions)
         hidden_states = self.embeddings(*batch.embedding_inputs(input_ids, token_type_ids, position_ids, inputs_embeds))
         hidden_states, all_hidden_states, all_attentions = self.encoder(

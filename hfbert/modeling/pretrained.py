@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from converters.dtypes import as_dtype
+from converters.key_map import BERT_KEYS, KeyLayout
 from converters.loading import check_requested_dtype
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.modeling.checkpointing import Checkpointing
@@ -25,8 +26,10 @@ from hfbert.platform.cpu import warn_if_emulated_bfloat16
 class BertPreTrainedModel(nn.Module):
     # Where the encoder lives in the state dict ("bert." in the task models, as in transformers).
     base_prefix: ClassVar[str] = "bert."
-    # The task heads this model has, as `converters.key_map.HEADS` prefixes; others are ignored when loading.
+    # The task heads this model has, as prefixes of its family's `key_layout.heads`; others are ignored when loading.
     heads: ClassVar[tuple[str, ...]] = ()
+    # How the checkpoints of this model's family name their tensors (`converters.key_map.LAYOUTS`).
+    key_layout: ClassVar[KeyLayout] = BERT_KEYS
     config: BertConfig
     name_or_path: str = ""
     # transformers' `PreTrainedModel` class attributes that Trainer, PEFT, accelerate and transformers' own model
@@ -65,8 +68,9 @@ class BertPreTrainedModel(nn.Module):
 
     @property
     def backbone(self) -> nn.Module:
-        """The `BertModel` inside (the model itself for `BertModel`)."""
-        return self.bert
+        """The `BertModel` inside (the model itself for `BertModel`), at `base_model_prefix` as in transformers:
+        `model.bert`, `model.roberta`."""
+        return getattr(self, self.base_model_prefix)
 
     @property
     def base_model(self) -> nn.Module:

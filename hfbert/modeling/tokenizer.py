@@ -1,8 +1,14 @@
-"""`BertTokenizer`: BERT's WordPiece tokenizer on the `tokenizers` library, matching transformers' BertTokenizerFast.
+"""The BERT family's tokenizers on the `tokenizers` library, each matching transformers' fast tokenizer of its name.
 
-A folder with `tokenizer.json` loads that file; a folder with only `vocab.txt` (+ `tokenizer_config.json`) gets the
-pipeline transformers builds for it: BertNormalizer -> BertPreTokenizer -> WordPiece -> `[CLS] A [SEP] B [SEP]`.
-Padding and truncation follow transformers' rules (argument defaults, `model_max_length`, strategies).
+`BertTokenizer` (WordPiece): a folder with `tokenizer.json` loads that file; a folder with only `vocab.txt`
+(+ `tokenizer_config.json`) gets the pipeline transformers builds for it: BertNormalizer -> BertPreTokenizer ->
+WordPiece -> `[CLS] A [SEP] B [SEP]`. `RobertaTokenizer` (byte-level BPE, from `tokenizer.json` or `vocab.json` +
+`merges.txt`) and `XLMRobertaTokenizer` (XLM-R's and CamemBERT's SentencePiece Unigram, from `tokenizer.json`) keep
+the file's model and added tokens and build the rest of the pipeline from tokenizer_config.json as transformers 5
+does: `<s> A </s></s> B </s>`, no token types, no normalizer but SentencePiece's own (so no lowercasing).
+`AutoTokenizer` picks the class from tokenizer_config.json's `tokenizer_class` or config.json's `model_type`.
+The three share everything after the pipeline: encoding, padding and truncation (transformers' rules: argument
+defaults, `model_max_length`, strategies), decoding and saving.
 
     >>> tokenizer = BertTokenizer.from_pretrained("path/to/bert-base-uncased")  # doctest: +SKIP
     >>> tokenizer("Hello world!")["input_ids"]  # doctest: +SKIP
@@ -23,11 +29,14 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from converters.atomic_write import atomic_file
-from converters.tokenizer_files import read_vocab_txt
+from converters.json_files import read_json_object
+from converters.tokenizer_files import read_merges_txt, read_vocab_json, read_vocab_txt
 from hfbert.modeling.tokenizer_files import (
     LARGE_INTEGER,
     NO_MAX_LENGTH,
+    ROBERTA_SPECIAL_TOKENS,
     SPECIAL_TOKENS,
+    WORDPIECE_CLASSES,
     added_tokens,
     check_wordpiece_class,
     model_max_length,
@@ -39,8 +48,11 @@ from hfbert.modeling.tokenizer_files import (
 __all__ = [
     "NO_MAX_LENGTH",
     "SPECIAL_TOKENS",
+    "AutoTokenizer",
     "BatchEncoding",
     "BertTokenizer",
+    "RobertaTokenizer",
+    "XLMRobertaTokenizer",
     "model_max_length",
     "read_tokenizer_options",
 ]
@@ -65,7 +77,22 @@ class BatchEncoding(dict):
 
 
 class BertTokenizer:
-    """WordPiece tokenizer for BERT checkpoints; `__call__` returns what `hfbert.BertModel` takes."""
+    """WordPiece tokenizer for BERT checkpoints; `__call__` returns what `hfbert.BertModel` takes.
+
+    The RoBERTa family's tokenizers below are subclasses: they differ only in how the pipeline is built from the
+    files (`_backend`) and in the facts given as class attributes."""
+
+    # What `__call__` returns by default, as transformers' tokenizer of the same name.
+    model_input_names: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
+    # The named special tokens and their texts when the config names none.
+    special_token_defaults: dict[str, str] = SPECIAL_TOKENS
+    # tokenizer_config.json's options the pipeline is built from (beyond BERT's normalizer), with their defaults.
+    pipeline_options: dict[str, Any] = {}
+    unk_token_id: int | None
+    sep_token_id: int | None
+    pad_token_id: int | None
+    cls_token_id: int | None
+    mask_token_id: int | None
 
     def __init__(self, tokenizer: Tokenizer, config: dict[str, Any] | None = None) -> None:
         config = config or {}
@@ -75,12 +102,15 @@ class BertTokenizer:
         tokenizer.no_padding()
         # One call's padding/truncation settings live on the shared backend until the call ends.
         self._lock = threading.Lock()
-        self.special_tokens = {key: token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
+        defaults = self.special_token_defaults
+        self.special_tokens = {key: token_text(config.get(key), default) for key, default in defaults.items()}
+        self.options = self._options(config)
         self.model_max_length: int = model_max_length(config.get("model_max_length"), "the tokenizer config")
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
-        ids = {key: tokenizer.token_to_id(token) for key, token in self.special_tokens.items()}
-        self.unk_token_id, self.sep_token_id, self.pad_token_id = ids["unk_token"], ids["sep_token"], ids["pad_token"]
-        self.cls_token_id, self.mask_token_id = ids["cls_token"], ids["mask_token"]
+        for key, token in self.special_tokens.items():  # unk_token_id, ..., as on transformers' tokenizers
+            setattr(self, f"{key}_id", tokenizer.token_to_id(token))
+        extras = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+        self.extra_special_tokens = [token_text(token, "") for token in extras]
 
     @classmethod
     def from_pretrained(
@@ -88,36 +118,46 @@ class BertTokenizer:
     ) -> BertTokenizer:
         """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
         directory = _local_directory(pretrained_model_name_or_path, revision)
-        has_config = (directory / "tokenizer_config.json").is_file()
         own = read_tokenizer_options(directory / "tokenizer_config.json")
         legacy = "added_tokens_decoder" not in own  # a config from before transformers 4.34
         # transformers lets the legacy map override the config then.
         special_map = read_tokenizer_options(directory / "special_tokens_map.json") if legacy else {}
         config = {**own, **special_map}
+        tokenizer = cls._backend(directory, config, own)
+        _add_tokens(tokenizer, added_tokens(config, own, special_map, directory, cls.special_token_defaults))
+        cls._post_process(tokenizer, config)
+        return cls(tokenizer, config)
+
+    @classmethod
+    def _backend(cls, directory: Path, config: dict[str, Any], own: dict[str, Any]) -> Tokenizer:
+        """The pipeline from the folder's files, before the special and added tokens of the config."""
         if (directory / "tokenizer.json").is_file():
-            try:
-                tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-            except Exception as error:  # the tokenizers library raises a bare Exception for a malformed file
-                reason = " ".join(str(error).split())
-                raise ValueError(f"{directory / 'tokenizer.json'}: not a valid tokenizer file ({reason})") from None
+            tokenizer = _read_tokenizer_json(directory / "tokenizer.json")
             # transformers (4.x and 5.x) rebuilds BERT's normalizer from tokenizer_config.json over the one
             # stored in tokenizer.json, so `do_lower_case` there wins when the two disagree.
+            has_config = (directory / "tokenizer_config.json").is_file()
             if has_config and _normalizer_options(tokenizer) is not None:
                 tokenizer.normalizer = _bert_normalizer(config)
-        elif (directory / "vocab.txt").is_file():
+            return tokenizer
+        if (directory / "vocab.txt").is_file():
             check_wordpiece_class(own.get("tokenizer_class"), directory / "tokenizer_config.json")
             try:
-                tokenizer = _build_from_vocab(directory / "vocab.txt", config)
+                return _build_from_vocab(directory / "vocab.txt", config)
             except UnicodeDecodeError as error:
                 raise ValueError(f"{directory / 'vocab.txt'}: not valid UTF-8 ({error.reason})") from None
-        else:
-            raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
-        _add_tokens(tokenizer, added_tokens(config, own, special_map, directory))
-        return cls(tokenizer, config)
+        raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
+
+    @classmethod
+    def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+        """Set what needs the special tokens' ids; BERT's template is built with its pipeline."""
+
+    @classmethod
+    def _options(cls, config: dict[str, Any]) -> dict[str, Any]:
+        return {key: config.get(key, default) for key, default in cls.pipeline_options.items()}
 
     def __getattr__(self, name: str) -> str:
         # `tokenizer.mask_token` etc. give the special tokens' texts, as on transformers' tokenizers.
-        if name in SPECIAL_TOKENS and "special_tokens" in self.__dict__:
+        if name in self.__dict__.get("special_tokens", {}):
             return self.__dict__["special_tokens"][name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
@@ -133,13 +173,13 @@ class BertTokenizer:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
     def __repr__(self) -> str:
-        return f"BertTokenizer(vocab_size={self.vocab_size}, model_max_length={self.model_max_length})"
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, model_max_length={self.model_max_length})"
 
     def get_vocab(self) -> dict[str, int]:
         return self._tokenizer.get_vocab(with_added_tokens=True)
 
     def tokenize(self, text: str) -> list[str]:
-        """The WordPiece tokens of `text`, without [CLS]/[SEP]: `tokenize("Hello")` -> `["hello"]`."""
+        """The tokens of `text`, without the special tokens around it: BERT's `tokenize("Hello")` -> `["hello"]`."""
         with self._lock:
             return self._tokenizer.encode(text, add_special_tokens=False).tokens
 
@@ -152,9 +192,9 @@ class BertTokenizer:
     def convert_ids_to_tokens(self, ids: int | list[int], skip_special_tokens: bool = False) -> str | list[str]:
         if isinstance(ids, int):
             return self._tokenizer.id_to_token(ids)
-        # As transformers: only the five named special tokens (decode also skips other added special tokens).
-        skip = {self.cls_token_id, self.sep_token_id, self.pad_token_id, self.mask_token_id, self.unk_token_id}
-        skip = skip if skip_special_tokens else set()
+        # As transformers: the named and the extra special tokens (decode also skips other added special tokens).
+        specials = [*self.special_tokens.values(), *self.extra_special_tokens]
+        skip = {self._tokenizer.token_to_id(token) for token in specials} if skip_special_tokens else set()
         return [self._tokenizer.id_to_token(int(i)) for i in ids if int(i) not in skip]
 
     def decode(self, ids: Any, skip_special_tokens: bool = True) -> str | list[str]:
@@ -177,12 +217,14 @@ class BertTokenizer:
         max_length: int | None = None,
         return_tensors: str | None = None,
         return_offsets_mapping: bool = False,
-        return_token_type_ids: bool = True,
-        return_attention_mask: bool = True,
+        return_token_type_ids: bool | None = None,
+        return_attention_mask: bool | None = None,
         padding_side: str = "right",
     ) -> BatchEncoding:
         """Encode one text (or pair) into lists, or a batch into lists of lists; `return_tensors="pt"` gives int64
-        tensors with a batch dimension in both cases. `truncation=None` means: on if only `max_length` is given."""
+        tensors with a batch dimension in both cases. `truncation=None` means: on if only `max_length` is given;
+        `return_token_type_ids` / `return_attention_mask` None: as `model_input_names` (RoBERTa has no token
+        types)."""
         batched = isinstance(text, (list, tuple))
         if batched:
             if isinstance(text_pair, str):
@@ -224,6 +266,10 @@ class BertTokenizer:
                 self._tokenizer.no_truncation()
                 self._tokenizer.no_padding()
 
+        if return_token_type_ids is None:
+            return_token_type_ids = "token_type_ids" in self.model_input_names
+        if return_attention_mask is None:
+            return_attention_mask = "attention_mask" in self.model_input_names
         output = {"input_ids": [encoding.ids for encoding in encodings]}
         if return_token_type_ids:
             output["token_type_ids"] = [encoding.type_ids for encoding in encodings]
@@ -288,24 +334,190 @@ class BertTokenizer:
         return pad, truncate, max_length
 
     def save_pretrained(self, directory: str | os.PathLike) -> list[Path]:
-        """Write tokenizer.json, vocab.txt, tokenizer_config.json and special_tokens_map.json (each atomically)."""
+        """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json (each atomically), and BERT's
+        vocab.txt."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
             tokenizer_json = self._tokenizer.to_str(pretty=True)
-        vocab = sorted(self._tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda item: item[1])
-        config: dict[str, Any] = {"tokenizer_class": "BertTokenizer", **(_normalizer_options(self._tokenizer) or {})}
+        config: dict[str, Any] = {"tokenizer_class": type(self).__name__, **self._saved_options()}
         config.update(self.special_tokens, model_max_length=self.model_max_length)
         config["clean_up_tokenization_spaces"] = self.clean_up_tokenization_spaces
         files = {
             "tokenizer.json": tokenizer_json,
-            "vocab.txt": "".join(token + "\n" for token, _ in vocab),
+            **self._vocabulary_files(),
             "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n",
             "special_tokens_map.json": json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n",
         }
         for name, content in files.items():
             _write_atomic(directory / name, content)
         return [directory / name for name in files]
+
+    def _saved_options(self) -> dict[str, Any]:
+        """tokenizer_config.json's options that rebuild this pipeline: BERT's normalizer options, `options`."""
+        return {**(_normalizer_options(self._tokenizer) or {}), **self.options}
+
+    def _vocabulary_files(self) -> dict[str, str]:
+        """vocab.txt, for readers of BERT's slow format; tokenizer.json holds the rest of the family's vocabularies."""
+        vocab = sorted(self._tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda item: item[1])
+        return {"vocab.txt": "".join(token + "\n" for token, _ in vocab)}
+
+
+class RobertaTokenizer(BertTokenizer):
+    """RoBERTa's byte-level BPE tokenizer, as transformers' RobertaTokenizer(Fast): `<s> A </s></s> B </s>`, no token
+    types; `add_prefix_space` and `trim_offsets` from tokenizer_config.json.
+
+    From `tokenizer.json` (its BPE model and added tokens) or from `vocab.json` + `merges.txt`; the rest of the
+    pipeline is rebuilt as transformers 5 rebuilds it: no normalizer (a Lowercase stored in tokenizer.json is
+    dropped), the ByteLevel pre-tokenizer and decoder, the RobertaProcessing post-processor."""
+
+    model_input_names = ("input_ids", "attention_mask")
+    special_token_defaults = ROBERTA_SPECIAL_TOKENS
+    pipeline_options = {"add_prefix_space": False, "trim_offsets": True}
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    @classmethod
+    def _backend(cls, directory: Path, config: dict[str, Any], own: dict[str, Any]) -> Tokenizer:
+        source = cls._source(directory)
+        tokenizer = Tokenizer(source.model)
+        cls._pipeline(tokenizer, source, cls._options(config))
+        # transformers adds the config's added tokens where it has them (a 4.x config), else tokenizer.json's.
+        _add_tokens(tokenizer, _decoder_tokens(own) if "added_tokens_decoder" in own else _file_tokens(source))
+        return tokenizer
+
+    @classmethod
+    def _source(cls, directory: Path) -> Tokenizer:
+        """The folder's model (and tokenizer.json's added tokens): BPE as transformers' RobertaTokenizer builds it."""
+        if (directory / "tokenizer.json").is_file():
+            source = _read_tokenizer_json(directory / "tokenizer.json")
+            model = _check_model(source, models.BPE, directory / "tokenizer.json", cls.__name__)
+        elif (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+            merges_file = directory / "merges.txt"
+            try:
+                model = models.BPE(read_vocab_json(directory / "vocab.json"), read_merges_txt(merges_file))
+            except Exception as error:  # the tokenizers library raises a bare Exception for a merge of unknown tokens
+                reason = " ".join(str(error).split())
+                raise ValueError(f"{merges_file}: does not go with vocab.json ({reason})") from None
+            source = Tokenizer(model)
+        else:
+            raise FileNotFoundError(
+                f"{directory}: no tokenizer.json, nor vocab.json and merges.txt (RoBERTa's tokenizer needs one of them)"
+            )
+        # The BPE transformers builds: no dropout, no unknown token (every byte has a token), no affixes.
+        model.dropout, model.unk_token, model.fuse_unk, model.byte_fallback = None, None, False, False
+        model.continuing_subword_prefix, model.end_of_word_suffix = "", ""
+        return source
+
+    @classmethod
+    def _pipeline(cls, tokenizer: Tokenizer, source: Tokenizer, options: dict[str, Any]) -> None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=options["add_prefix_space"])
+        tokenizer.decoder = decoders.ByteLevel()
+
+    @classmethod
+    def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+        sep, cls_token = (
+            token_text(config.get(key), cls.special_token_defaults[key]) for key in ("sep_token", "cls_token")
+        )
+        options = cls._options(config)
+        tokenizer.post_processor = processors.RobertaProcessing(
+            (sep, tokenizer.token_to_id(sep)),
+            (cls_token, tokenizer.token_to_id(cls_token)),
+            trim_offsets=options["trim_offsets"],
+            add_prefix_space=options["add_prefix_space"],
+        )
+
+    def _vocabulary_files(self) -> dict[str, str]:
+        return {}
+
+
+class XLMRobertaTokenizer(RobertaTokenizer):
+    """XLM-RoBERTa's (and CamemBERT's) SentencePiece Unigram tokenizer, as transformers' XLMRobertaTokenizer(Fast):
+    `<s> A </s></s> B </s>`, no token types; `add_prefix_space` (default true) from tokenizer_config.json.
+
+    From `tokenizer.json` only (its Unigram model and added tokens): the slow `sentencepiece.bpe.model` needs the
+    sentencepiece library to convert, so a folder with only that file is refused with how to convert it. The rest of
+    the pipeline is rebuilt as transformers 5 rebuilds it: only SentencePiece's precompiled normalizer, whitespace
+    split + Metaspace ("▁") pre-tokenizer, Metaspace decoder, `<s> $A </s> (</s> $B </s>)` template."""
+
+    pipeline_options = {"add_prefix_space": True}
+
+    @classmethod
+    def _source(cls, directory: Path) -> Tokenizer:
+        if (directory / "tokenizer.json").is_file():
+            source = _read_tokenizer_json(directory / "tokenizer.json")
+            _check_model(source, models.Unigram, directory / "tokenizer.json", cls.__name__)
+            return source
+        convert = (
+            "make tokenizer.json once, with transformers and sentencepiece installed: "
+            "transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)"
+        )
+        if (directory / "sentencepiece.bpe.model").is_file():
+            raise ValueError(
+                f"{directory}: no tokenizer.json, only sentencepiece.bpe.model (the slow SentencePiece file, which "
+                f"hfbert does not read); {convert}"
+            )
+        raise FileNotFoundError(f"{directory}: no tokenizer.json (XLM-RoBERTa's tokenizer needs it; {convert})")
+
+    @classmethod
+    def _pipeline(cls, tokenizer: Tokenizer, source: Tokenizer, options: dict[str, Any]) -> None:
+        precompiled = [
+            part for part in _normalizer_parts(source.normalizer) if isinstance(part, normalizers.Precompiled)
+        ]
+        tokenizer.normalizer = precompiled[0] if precompiled else None
+        scheme = "always" if options["add_prefix_space"] else "never"
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)]
+        )
+        tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+
+    @classmethod
+    def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+        bos, eos = (token_text(config.get(key), cls.special_token_defaults[key]) for key in ("bos_token", "eos_token"))
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=[bos, "$A", eos],
+            pair=[bos, "$A", eos, eos, "$B", eos],
+            special_tokens=[(bos, tokenizer.token_to_id(bos)), (eos, tokenizer.token_to_id(eos))],
+        )
+
+
+# transformers' tokenizer classes (its `tokenizer_class`, "Fast" dropped) and model types, by hfbert's class.
+_TOKENIZER_CLASSES: dict[str, type[BertTokenizer]] = {
+    **dict.fromkeys(WORDPIECE_CLASSES, BertTokenizer),
+    "RobertaTokenizer": RobertaTokenizer,
+    "XLMRobertaTokenizer": XLMRobertaTokenizer,
+    "CamembertTokenizer": XLMRobertaTokenizer,
+}
+_MODEL_TYPES: dict[str, type[BertTokenizer]] = {
+    "bert": BertTokenizer,
+    "roberta": RobertaTokenizer,
+    "xlm-roberta": XLMRobertaTokenizer,
+    "camembert": XLMRobertaTokenizer,
+}
+
+
+class AutoTokenizer:
+    """The tokenizer class a checkpoint asks for, as transformers' AutoTokenizer picks it: tokenizer_config.json's
+    `tokenizer_class`, else config.json's `model_type`; BertTokenizer when neither names one hfbert has.
+
+        >>> tokenizer = AutoTokenizer.from_pretrained("path/to/xlm-roberta-base")  # doctest: +SKIP
+        >>> type(tokenizer).__name__  # doctest: +SKIP
+        'XLMRobertaTokenizer'
+    """
+
+    @staticmethod
+    def from_pretrained(pretrained_model_name_or_path: str | os.PathLike, revision: str | None = None) -> BertTokenizer:
+        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
+        directory = _local_directory(pretrained_model_name_or_path, revision)
+        return _tokenizer_class(directory).from_pretrained(directory)
+
+
+def _tokenizer_class(directory: Path) -> type[BertTokenizer]:
+    named = read_tokenizer_options(directory / "tokenizer_config.json").get("tokenizer_class")
+    if isinstance(named, str) and named.removesuffix("Fast") in _TOKENIZER_CLASSES:
+        return _TOKENIZER_CLASSES[named.removesuffix("Fast")]
+    model_type = read_json_object(directory / "config.json", missing_ok=True).get("model_type")
+    return _MODEL_TYPES.get(model_type, BertTokenizer) if isinstance(model_type, str) else BertTokenizer
 
 
 def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None) -> Path:
@@ -332,10 +544,7 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
     tokenizer.normalizer = _bert_normalizer(config)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
-    for _, spec in sorted(config.get("added_tokens_decoder", {}).items(), key=lambda item: int(item[0])):
-        options = {key: spec[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in spec}
-        added = AddedToken(spec["content"], special=bool(spec.get("special")), **options)
-        (tokenizer.add_special_tokens if spec.get("special") else tokenizer.add_tokens)([added])
+    _add_tokens(tokenizer, _decoder_tokens(config))
     cls, sep = specials["cls_token"], specials["sep_token"]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",
@@ -343,6 +552,38 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
         special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
     )
     return tokenizer
+
+
+def _read_tokenizer_json(path: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises a bare Exception for a malformed file
+        reason = " ".join(str(error).split())
+        raise ValueError(f"{path}: not a valid tokenizer file ({reason})") from None
+
+
+def _check_model(source: Tokenizer, kind: type[models.Model], path: Path, name: str) -> models.Model:
+    """`source`'s model, or ValueError naming the file when it is not the `kind` the tokenizer class `name` runs."""
+    if not isinstance(source.model, kind):
+        raise ValueError(
+            f"{path}: field 'model' is a {type(source.model).__name__} model; {name} takes a {kind.__name__} model "
+            f"(is tokenizer_class or config.json's model_type right?)"
+        )
+    return source.model
+
+
+def _decoder_tokens(config: dict[str, Any]) -> list[AddedToken]:
+    """tokenizer_config.json's `added_tokens_decoder` as AddedTokens, in id order."""
+    tokens = []
+    for _, spec in sorted(config.get("added_tokens_decoder", {}).items(), key=lambda item: int(item[0])):
+        options = {key: spec[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in spec}
+        tokens.append(AddedToken(spec["content"], special=bool(spec.get("special")), **options))
+    return tokens
+
+
+def _file_tokens(source: Tokenizer) -> list[AddedToken]:
+    """tokenizer.json's added tokens (flags kept: RoBERTa's `<mask>` strips the space before it), in id order."""
+    return [token for _, token in sorted(source.get_added_tokens_decoder().items())]
 
 
 def _normalizer_parts(normalizer: normalizers.Normalizer | None) -> list[normalizers.Normalizer]:

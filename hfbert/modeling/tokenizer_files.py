@@ -1,10 +1,10 @@
 """A tokenizer folder's files, read and checked as transformers reads them: tokenizer_config.json and
 special_tokens_map.json (every option hfbert uses, `model_max_length` among them), the tokens added on top of the
-vocabulary (`added_tokens_decoder`, the legacy added_tokens.json, the special-token lists), and whether the
-folder's `tokenizer_class` is BERT's WordPiece at all. A bad option is a `ConfigError` naming the file, the field and
-the values it accepts; a file that is not a JSON object, a legacy added_tokens.json that is not token -> id, or
-another tokenizer class is a ValueError naming the file. `hfbert/modeling/tokenizer.py` builds and runs the
-tokenizer from what these return.
+vocabulary (`added_tokens_decoder`, the legacy added_tokens.json, the special-token lists), and whether a
+vocab.txt folder's `tokenizer_class` is BERT's WordPiece at all. A bad option is a `ConfigError` naming the file,
+the field and the values it accepts; a file that is not a JSON object, a legacy added_tokens.json that is not
+token -> id, or another tokenizer class is a ValueError naming the file. `hfbert/modeling/tokenizer.py` builds and
+runs the tokenizer from what these return.
 """
 
 from __future__ import annotations
@@ -26,6 +26,16 @@ SPECIAL_TOKENS = {
     "cls_token": "[CLS]",
     "mask_token": "[MASK]",
 }
+# RoBERTa's and XLM-R's defaults, in transformers' order (SPECIAL_TOKENS_ATTRIBUTES), the order they are added in.
+ROBERTA_SPECIAL_TOKENS = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "sep_token": "</s>",
+    "pad_token": "<pad>",
+    "cls_token": "<s>",
+    "mask_token": "<mask>",
+}
 # transformers' "no limit" (VERY_LARGE_INTEGER) when a config has no model_max_length; above LARGE_INTEGER a
 # limit counts as none, so truncation/padding "to the model's length" is then skipped.
 NO_MAX_LENGTH = int(1e30)
@@ -40,7 +50,13 @@ _MAX_LENGTH_VALUES = (
 _TOKEN_LISTS = ("extra_special_tokens", "additional_special_tokens")
 # The tokenizers library takes only true / false for the first two. transformers reads the third by truthiness
 # (`if clean_up_tokenization_spaces:`), so 1 / 0 / null, as older configs write flags, are taken for it too.
-_BOOLEAN_OPTIONS = ("do_lower_case", "tokenize_chinese_chars", "clean_up_tokenization_spaces")
+_BOOLEAN_OPTIONS = (
+    "do_lower_case",
+    "tokenize_chinese_chars",
+    "clean_up_tokenization_spaces",
+    "add_prefix_space",
+    "trim_offsets",
+)
 _TRUTHY_OPTIONS = ("clean_up_tokenization_spaces",)
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 
@@ -66,7 +82,7 @@ def read_tokenizer_options(path: Path) -> dict[str, Any]:
     if values.get("strip_accents") is not None and not isinstance(values["strip_accents"], bool):
         expected = "true, false or null (follow do_lower_case)"
         raise _option_error(path, "strip_accents", values["strip_accents"], expected)
-    for name in SPECIAL_TOKENS:
+    for name in {**SPECIAL_TOKENS, **ROBERTA_SPECIAL_TOKENS}:
         if name in values and not (values[name] is None or _is_token(values[name])):
             expected = 'a non-empty string, or an object with a "content" string (an AddedToken), or null'
             raise _option_error(path, name, values[name], expected)
@@ -130,17 +146,23 @@ def _option_error(
 
 
 def added_tokens(
-    config: dict[str, Any], own: dict[str, Any], special_map: dict[str, Any], directory: Path
+    config: dict[str, Any],
+    own: dict[str, Any],
+    special_map: dict[str, Any],
+    directory: Path,
+    defaults: dict[str, str] = SPECIAL_TOKENS,
 ) -> list[AddedToken]:
-    """The tokens transformers' BertTokenizer adds on top of the vocabulary (or tokenizer.json), in its order; the
+    """The tokens transformers' tokenizers add on top of the vocabulary (or tokenizer.json), in their order; the
     caller adds each unless the tokenizer has it already. A config from before transformers 4.34 (no
     `added_tokens_decoder`) brings the legacy `added_tokens.json` (normalised, unless it is a special token); then
-    the named special tokens, matched on the raw text, so "[MASK]" in a text stays one token; then the extra special
-    tokens (`additional_special_tokens` / `extra_special_tokens` of tokenizer_config.json, else of
+    the named special tokens (`defaults` names them and their texts; a config's AddedToken object keeps its flags,
+    e.g. RoBERTa's `<mask>` with lstrip), matched on the raw text, so "[MASK]" in a text stays one token; then the
+    extra special tokens (`additional_special_tokens` / `extra_special_tokens` of tokenizer_config.json, else of
     special_tokens_map.json). `config`: both files merged; `own`: tokenizer_config.json alone."""
     extras = _token_list(own, "extra_special_tokens") or _token_list(own, "additional_special_tokens")
     extras += _token_list(special_map, "extra_special_tokens")
-    specials = [token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()]
+    named = [_special_token(config.get(key), default) for key, default in defaults.items()]
+    specials = [token.content for token in named]
     tokens: list[AddedToken] = []
     if "added_tokens_decoder" not in own:
         # As transformers: the legacy map's additional_special_tokens are merged after the set of special tokens
@@ -150,7 +172,7 @@ def added_tokens(
             tokens.append(
                 AddedToken(text, lstrip=False, rstrip=False, normalized=text not in special, special=text in special)
             )
-    tokens += [AddedToken(text, normalized=False, special=True) for text in specials]
+    tokens += named
     has_extras = any(key in own for key in ("extra_special_tokens", "additional_special_tokens"))
     tokens += extras if has_extras else extras + _token_list(special_map, "additional_special_tokens")
     return tokens
@@ -158,19 +180,20 @@ def added_tokens(
 
 def _token_list(values: dict[str, Any], name: str) -> list[AddedToken]:
     """A list of special tokens (strings, or AddedToken objects as dicts) from a tokenizer config, as AddedTokens."""
-    value = values.get(name) or []  # checked by read_tokenizer_options
-    tokens = []
-    for token in value:
-        if isinstance(token, dict):
-            flags = {key: token[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in token}
-            tokens.append(AddedToken(token["content"], special=True, **flags))
-        else:
-            tokens.append(AddedToken(token, normalized=False, special=True))
-    return tokens
+    return [_special_token(token, "") for token in values.get(name) or []]  # checked by read_tokenizer_options
+
+
+def _special_token(token: str | dict[str, Any] | None, default: str) -> AddedToken:
+    """A special token as a config gives it: a string (matched on the raw text), an AddedToken object as a dict
+    (its flags kept), or null for `default`."""
+    if isinstance(token, dict):
+        flags = {key: token[key] for key in ("single_word", "lstrip", "rstrip", "normalized") if key in token}
+        return AddedToken(token["content"], special=True, **flags)
+    return AddedToken(token_text(token, default), normalized=False, special=True)
 
 
 # transformers' tokenizers that build BERT's pipeline (BasicTokenizer + WordPiece, [CLS] / [SEP]) from a vocab.txt.
-_WORDPIECE_CLASSES = (
+WORDPIECE_CLASSES = (
     "BertTokenizer",
     "DistilBertTokenizer",
     "ElectraTokenizer",
@@ -187,7 +210,7 @@ def check_wordpiece_class(tokenizer_class: Any, path: Path) -> None:
     """ValueError naming the file when its `tokenizer_class` tokenizes a vocab.txt otherwise than BERT's WordPiece
     (BertJapaneseTokenizer splits words with MeCab first; a custom class runs its own code): hfbert builds BERT's
     pipeline only, and would give other ids silently."""
-    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in _WORDPIECE_CLASSES:
+    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in WORDPIECE_CLASSES:
         return
     raise ValueError(
         f"{path}: tokenizer_class {tokenizer_class!r} is not BERT's WordPiece tokenizer, the one hfbert builds from "

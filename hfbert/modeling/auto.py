@@ -1,0 +1,89 @@
+"""Which hfbert class loads a checkpoint: config.json's `model_type` and the task, as transformers' Auto classes.
+
+>>> model = AutoModel.from_pretrained("FacebookAI/roberta-base")  # doctest: +SKIP
+>>> type(model).__name__  # doctest: +SKIP
+'RobertaModel'
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from hfbert.modeling import heads, roberta
+from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.model import BertModel
+from hfbert.modeling.pretrained import BertPreTrainedModel
+
+# model_type -> task -> class. A task a family has no class for (BERT's next-sentence head on RoBERTa) is absent.
+MODEL_CLASSES: dict[str, dict[str, type[BertPreTrainedModel]]] = {
+    "bert": {
+        "model": BertModel,
+        "pretraining": heads.BertForPreTraining,
+        "masked-lm": heads.BertForMaskedLM,
+        "next-sentence": heads.BertForNextSentencePrediction,
+        "sequence-classification": heads.BertForSequenceClassification,
+        "token-classification": heads.BertForTokenClassification,
+        "question-answering": heads.BertForQuestionAnswering,
+        "multiple-choice": heads.BertForMultipleChoice,
+    },
+}
+for _model_type, _prefix in (("roberta", "Roberta"), ("xlm-roberta", "XLMRoberta"), ("camembert", "Camembert")):
+    MODEL_CLASSES[_model_type] = {
+        "model": getattr(roberta, f"{_prefix}Model"),
+        "masked-lm": getattr(roberta, f"{_prefix}ForMaskedLM"),
+        "sequence-classification": getattr(roberta, f"{_prefix}ForSequenceClassification"),
+        "token-classification": getattr(roberta, f"{_prefix}ForTokenClassification"),
+        "question-answering": getattr(roberta, f"{_prefix}ForQuestionAnswering"),
+        "multiple-choice": getattr(roberta, f"{_prefix}ForMultipleChoice"),
+    }
+
+
+def model_class(config: BertConfig, task: str = "model") -> type[BertPreTrainedModel]:
+    """The class that builds `config`'s model for `task`; ConfigError naming the config's file and model_type when
+    the family has none."""
+    classes = MODEL_CLASSES[config.model_type]  # model_type was validated with the config
+    if task not in classes:
+        where = f"{config.source}: " if config.source else ""
+        raise ConfigError(f"{where}model_type {config.model_type!r} has no {task} model (it has: {', '.join(classes)})")
+    return classes[task]
+
+
+class AutoModel:
+    """`from_pretrained` reads config.json and loads the checkpoint into its family's class for `task`."""
+
+    task: ClassVar[str] = "model"
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("config")
+        if config is None:
+            config = BertConfig.from_pretrained(pretrained_model_name_or_path, revision=kwargs.get("revision"))
+        elif not isinstance(config, BertConfig):
+            config = BertConfig.from_object(config)
+        return model_class(config, cls.task).from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    @classmethod
+    def from_config(cls, config: BertConfig, **kwargs: Any) -> BertPreTrainedModel:
+        """A randomly initialised model of `config`'s family."""
+        return model_class(config, cls.task)(config, **kwargs)
+
+
+class AutoModelForMaskedLM(AutoModel):
+    task = "masked-lm"
+
+
+class AutoModelForSequenceClassification(AutoModel):
+    task = "sequence-classification"
+
+
+class AutoModelForTokenClassification(AutoModel):
+    task = "token-classification"
+
+
+class AutoModelForQuestionAnswering(AutoModel):
+    task = "question-answering"
+
+
+class AutoModelForMultipleChoice(AutoModel):
+    task = "multiple-choice"

@@ -1,0 +1,315 @@
+"""RoBERTa, XLM-RoBERTa and CamemBERT on hfbert's one model, element-wise against transformers' own classes.
+
+Checkpoints are written by transformers (random weights far from its init, so every difference shows) and loaded by
+hfbert; every output of every head is compared, in both attention kernels, with right and left padding, from
+`inputs_embeds`, and padding-free (the path where RoBERTa ports ship shifted positions).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import hfbert
+from hfbert.modeling.model import positions_after_padding
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=40,
+    type_vocab_size=1,
+    num_labels=3,
+)
+# (hfbert class, transformers class) by family member; every head transformers has for the family.
+FAMILY = {
+    "roberta": ("Roberta", transformers.RobertaConfig),
+    "xlm-roberta": ("XLMRoberta", transformers.XLMRobertaConfig),
+    "camembert": ("Camembert", transformers.CamembertConfig),
+}
+TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+PAD = 1
+
+
+def randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            is_norm = "layernorm" in name.lower() or "layer_norm" in name
+            parameter.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.1 * noise)
+    return model
+
+
+def checkpoint(tmp_path, member: str, task: str, **fields):
+    """A transformers model of `member`'s `task`, saved to tmp_path; returns (reference, hfbert's model)."""
+    prefix, config_class = FAMILY[member]
+    num_labels = 2 if task == "ForQuestionAnswering" else 3  # start and end
+    reference = getattr(transformers, f"{prefix}{task}")(config_class(**{**TINY, "num_labels": num_labels, **fields}))
+    randomized(reference).eval()
+    directory = tmp_path / f"{member}-{task}"
+    reference.save_pretrained(directory)
+    return reference, getattr(hfbert, f"{prefix}{task}").from_pretrained(directory), directory
+
+
+def batch(padding: str) -> dict[str, torch.Tensor]:
+    rows = [[0, 5, 6, 7, 8, 2], [0, 9, 2], [0, 11, 12, 2]]
+    width = max(map(len, rows))
+    if padding == "right":
+        ids = [row + [PAD] * (width - len(row)) for row in rows]
+    else:
+        ids = [[PAD] * (width - len(row)) + row for row in rows]
+    input_ids = torch.tensor(ids)
+    return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long()}
+
+
+def assert_outputs_equal(expected, actual, mask: torch.Tensor, atol: float = 1e-5) -> None:
+    """Every tensor field of transformers' output against hfbert's, at real positions (hfbert's padding-free path
+    leaves pad positions zero)."""
+    for field, value in expected.items():
+        other = actual[field]
+        if isinstance(value, tuple):
+            for index, (left, right) in enumerate(zip(value, other, strict=True)):
+                assert_close(left, right, mask, f"{field}[{index}]", atol)
+        elif value is not None:
+            assert_close(value, other, mask, field, atol)
+
+
+def assert_close(expected: torch.Tensor, actual: torch.Tensor, mask: torch.Tensor, name: str, atol: float) -> None:
+    assert expected.shape == actual.shape, name
+    if expected.dim() >= 2 and tuple(expected.shape[:2]) == tuple(mask.shape) and expected.dim() != 4:
+        expected, actual = expected[mask.bool()], actual[mask.bool()]
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=1e-5, msg=lambda message: f"{name}: {message}")
+
+
+@pytest.mark.parametrize("member", FAMILY)
+@pytest.mark.parametrize("task", TASKS)
+def test_every_head_equals_transformers(tmp_path, member, task):
+    reference, model, _ = checkpoint(tmp_path, member, task)
+    assert type(model).__name__ == type(reference).__name__
+    assert sorted(model.state_dict()) == sorted(reference.state_dict())
+    for padding in ("right", "left"):
+        inputs = batch(padding)
+        with torch.no_grad():
+            expected = reference(**inputs, output_hidden_states=True)
+            actual = model(**inputs, output_hidden_states=True)
+        assert_outputs_equal(expected, actual, inputs["attention_mask"])
+
+
+def test_multiple_choice_equals_transformers(tmp_path):
+    reference, model, _ = checkpoint(tmp_path, "roberta", "ForMultipleChoice")
+    input_ids = batch("right")["input_ids"][None].repeat(2, 1, 1)
+    labels = torch.tensor([0, 2])
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), labels=labels)
+        actual = model(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), labels=labels)
+    torch.testing.assert_close(actual.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_attentions_and_losses_equal_transformers_in_both_kernels(tmp_path, implementation):
+    reference, model, _ = checkpoint(tmp_path, "roberta", "ForMaskedLM")
+    reference.set_attn_implementation(implementation)
+    model.set_attn_implementation(implementation)
+    inputs = batch("right")
+    labels = torch.where(inputs["attention_mask"].bool(), inputs["input_ids"], -100)
+    with torch.no_grad():
+        expected = reference(**inputs, labels=labels, output_attentions=implementation == "eager")
+        actual = model(**inputs, labels=labels, output_attentions=implementation == "eager")
+    assert_outputs_equal(expected, actual, inputs["attention_mask"])
+    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_sequence_classification_loss_and_gradients_equal_transformers(tmp_path):
+    reference, model, _ = checkpoint(
+        tmp_path, "roberta", "ForSequenceClassification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    reference.train(), model.train()
+    inputs = batch("right")
+    labels = torch.tensor([0, 2, 1])
+    expected = reference(**inputs, labels=labels)
+    actual = model(**inputs, labels=labels)
+    expected.loss.backward(), actual.loss.backward()
+    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-6, rtol=1e-5)
+    gradients = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        # The pad position's row gets no gradient in either (padding_idx), all others the same.
+        torch.testing.assert_close(parameter.grad, gradients[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_positions_from_inputs_embeds_and_explicit_positions_equal_transformers(tmp_path):
+    reference, model, _ = checkpoint(tmp_path, "roberta", "Model")
+    inputs = batch("right")
+    embeds = reference.embeddings.word_embeddings(inputs["input_ids"]).detach()
+    positions = torch.arange(3, 3 + inputs["input_ids"].shape[1])[None]
+    with torch.no_grad():
+        for arguments in ({"inputs_embeds": embeds}, {"input_ids": inputs["input_ids"], "position_ids": positions}):
+            expected = reference(**arguments, attention_mask=inputs["attention_mask"]).last_hidden_state
+            actual = model(**arguments, attention_mask=inputs["attention_mask"]).last_hidden_state
+            real = inputs["attention_mask"].bool()
+            torch.testing.assert_close(actual[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_positions_restart_for_every_sequence_of_a_padding_free_batch(tmp_path):
+    """The shipped bug: a flattened batch numbering positions across sequences. Each row of a padded, padding-free
+    batch must equal that row run alone (its positions from padding_idx + 1), and transformers' row."""
+    reference, model, _ = checkpoint(tmp_path, "roberta", "Model")
+    inputs = batch("right")
+    assert model.padding_free and not model.training
+    with torch.no_grad():
+        together = model(**inputs).last_hidden_state
+        for row in range(len(inputs["input_ids"])):
+            length = int(inputs["attention_mask"][row].sum())
+            alone = reference(input_ids=inputs["input_ids"][row : row + 1, :length]).last_hidden_state
+            torch.testing.assert_close(together[row, :length], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_position_ids_follow_transformers_function():
+    ids = torch.tensor([[0, 5, 2, 1, 1], [1, 1, 0, 7, 2], [0, 1, 5, 2, 1]])
+    expected = transformers.models.roberta.modeling_roberta.RobertaEmbeddings.create_position_ids_from_input_ids(
+        ids, padding_idx=1
+    )
+    assert torch.equal(positions_after_padding(ids, None, 1), expected)
+
+
+# The fast modes swap large layers only (int8 from 2**16 weights, packed fp32 from 2**19): at hidden 384 the
+# feed-forward layers (384 x 1536) are large enough for every mode.
+SMALL = dict(hidden_size=384, num_attention_heads=6, intermediate_size=1536, vocab_size=500)
+
+
+def float64_error(output: torch.Tensor, exact: torch.Tensor, mask: torch.Tensor) -> float:
+    real = mask.bool()
+    return float((output.double()[real] - exact[real]).square().mean().sqrt())
+
+
+@pytest.mark.parametrize("options, bound", [({}, 1.5), ({"precision": "high"}, 3.0), ({"quantize": "int8"}, None)])
+def test_fast_paths_keep_their_contracts_with_padding_free_positions(tmp_path, options, bound):
+    """Each mode against transformers in float64, on a left- and right-padded batch (RoBERTa positions counted per
+    row), within its contract: 1.5x transformers' fp32 error by default, 3x for precision="high"; int8 within what
+    int8 costs (relative RMS 5%)."""
+    from hfbert.inference import inference_mode_of, optimize_for_inference
+
+    reference, _, directory = checkpoint(tmp_path, "xlm-roberta", "Model", **SMALL)
+    # kernels="always": every swapped layer runs its kernel (the measured choice may keep small layers plain).
+    model = optimize_for_inference(hfbert.XLMRobertaModel.from_pretrained(directory), **options, kernels="always")
+    assert inference_mode_of(model).swapped > 0
+    exact = copy.deepcopy(reference).double()
+    for padding in ("right", "left"):
+        inputs = batch(padding)
+        with torch.no_grad():
+            expected = exact(**inputs).last_hidden_state
+            fp32 = float64_error(reference(**inputs).last_hidden_state, expected, inputs["attention_mask"])
+            ours = float64_error(model(**inputs).last_hidden_state, expected, inputs["attention_mask"])
+        if bound is not None:
+            assert ours <= bound * fp32, (padding, ours, fp32)
+        else:
+            scale = float(expected[inputs["attention_mask"].bool()].square().mean().sqrt())
+            assert ours <= 0.05 * scale, (padding, ours, scale)
+
+
+@pytest.mark.slow
+def test_compiled_int8_path_runs_roberta_positions(tmp_path):
+    """The compiled path pads to a bucket with the pad id, so RoBERTa's positions of real tokens are unchanged."""
+    from hfbert.inference import optimize_for_inference
+    from hfbert.inference.compiled import compile_report
+
+    reference, _, directory = checkpoint(tmp_path, "roberta", "Model", **SMALL)
+    eager = optimize_for_inference(hfbert.RobertaModel.from_pretrained(directory), quantize="int8")
+    compiled = optimize_for_inference(hfbert.RobertaModel.from_pretrained(directory), quantize="int8", compile=True)
+    inputs = batch("right")
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+        ours, theirs = compiled(**inputs).last_hidden_state, eager(**inputs).last_hidden_state
+    assert compile_report(compiled)
+    real = inputs["attention_mask"].bool()
+    eager_error = float((theirs[real] - expected[real]).square().mean().sqrt())
+    compiled_error = float((ours[real] - expected[real]).square().mean().sqrt())
+    assert compiled_error <= 1.5 * eager_error + 1e-6
+    assert torch.equal(ours[~real], torch.zeros_like(ours[~real]))
+
+
+def test_save_pretrained_loads_back_in_transformers(tmp_path):
+    reference, model, _ = checkpoint(tmp_path, "xlm-roberta", "ForMaskedLM")
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "saved").eval()
+    inputs = batch("right")
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, reference(**inputs).logits, atol=0, rtol=0)
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["model_type"] == "xlm-roberta"
+
+
+def test_auto_model_picks_the_family_class(tmp_path):
+    _, _, directory = checkpoint(tmp_path, "camembert", "ForQuestionAnswering")
+    assert type(hfbert.AutoModel.from_pretrained(directory, add_pooling_layer=False)).__name__ == "CamembertModel"
+    assert type(hfbert.AutoModelForQuestionAnswering.from_pretrained(directory)).__name__ == (
+        "CamembertForQuestionAnswering"
+    )
+
+
+def test_a_roberta_config_with_bert_weights_is_refused_naming_both(tmp_path):
+    bert = transformers.BertModel(transformers.BertConfig(**{**TINY, "type_vocab_size": 2}))
+    prefixed = transformers.BertForMaskedLM(bert.config)
+    prefixed.save_pretrained(tmp_path / "bert")
+    config = json.loads((tmp_path / "bert" / "config.json").read_text())
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
+    with pytest.raises(
+        hfbert.CheckpointError, match=r"tensor 'bert\.[^']*' is named as a 'bert' checkpoint's.*roberta"
+    ):
+        hfbert.RobertaForMaskedLM.from_pretrained(tmp_path / "bert")
+
+
+def test_bert_model_refuses_a_roberta_checkpoint_naming_model_type(tmp_path):
+    _, _, directory = checkpoint(tmp_path, "roberta", "ForMaskedLM")
+    with pytest.raises(hfbert.CheckpointError, match=r"config\.json: model_type 'roberta' is not loaded by BertModel"):
+        hfbert.BertModel.from_pretrained(directory)
+
+
+def test_limits_are_named(tmp_path):
+    _, model, _ = checkpoint(tmp_path, "roberta", "Model")
+    too_long = torch.full((1, 39), 5)  # 40 positions - padding_idx 1 - 1 = 38 tokens at most
+    with pytest.raises(
+        ValueError, match=r"sequence length 39 exceeds 38 = max_position_embeddings = 40 - pad_token_id"
+    ):
+        model(input_ids=too_long)
+    with torch.no_grad():
+        model(input_ids=too_long[:, :38])
+    with pytest.raises(ValueError, match=r"token_type_ids must lie in \[0, 1\) \(type_vocab_size"):
+        model(input_ids=too_long[:, :4], token_type_ids=torch.tensor([[0, 0, 1, 1]]))
+    with pytest.raises(hfbert.ConfigError, match="max_position_embeddings.*must exceed pad_token_id"):
+        hfbert.RobertaConfig(max_position_embeddings=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "member, fields",
+    [
+        ("roberta", dict(vocab_size=50265, max_position_embeddings=514, layer_norm_eps=1e-5)),
+        ("xlm-roberta", dict(vocab_size=250002, max_position_embeddings=514, layer_norm_eps=1e-5)),
+    ],
+)
+def test_base_shapes_equal_transformers(tmp_path, member, fields):
+    base = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    prefix, config_class = FAMILY[member]
+    torch.manual_seed(0)
+    reference = getattr(transformers, f"{prefix}ForMaskedLM")(config_class(**{**TINY, **base, **fields})).eval()
+    reference.save_pretrained(tmp_path / member)
+    model = getattr(hfbert, f"{prefix}ForMaskedLM").from_pretrained(tmp_path / member)
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, 1000, (2, 128), generator=generator)
+    input_ids[:, 0], input_ids[0, 100:] = 0, PAD
+    mask = (input_ids != PAD).long()
+    with torch.no_grad():
+        expected, actual = (
+            reference(input_ids=input_ids, attention_mask=mask),
+            model(input_ids=input_ids, attention_mask=mask),
+        )
+    real = mask.bool()
+    torch.testing.assert_close(actual.logits[real], expected.logits[real], atol=2e-4, rtol=1e-4)
