@@ -213,7 +213,7 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
     import json
 
     from hfbert.modeling.heads import BertForMaskedLM
-    from hfbert.modeling.tokenizer import BertTokenizer
+    from hfbert.modeling.tokenizer import AutoTokenizer
 
     directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
     model, info = BertForMaskedLM.from_pretrained(
@@ -225,7 +225,7 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
     )
     if info["report"].new_head:
         raise ValueError(f"{arguments.model}: the checkpoint has no masked-LM head (no cls.predictions.* tensors)")
-    tokenizer = BertTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
     predictions = model.fill_mask(arguments.text, tokenizer, top_k=arguments.top_k)
     if arguments.json:
         print(json.dumps(predictions, ensure_ascii=False))

@@ -7,8 +7,8 @@
   plain", the form's cache that follows the parameters, `refresh(model)`;
 - `packed.py`: the fp32 oneDNN products (blocked and whole-width kernels) and `PackedLinear`;
 - `int8.py`: the int8 product (int8 weights, activations quantized per token), its kernel and `Int8Linear`;
-- `fused.py`: blocks computed as one product, each taking its projection's kernel as a value (the fast fp32 mode;
-  int8 attention is its attention block with the int8 kernel);
+- `fused.py`: blocks computed as one product, the fast fp32 mode (int8 attention is its attention block, given the
+  int8 kernel as a value);
 - `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes.
 
 What they ask of the machine (the instruction set, oneDNN's ops, the allocator) is in `hfbert.platform`.

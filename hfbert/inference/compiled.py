@@ -49,10 +49,11 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-from hfbert.inference.swapped import Swapped, hooked, swapped_modules, transformed, weight_key
+from hfbert.inference.swapped import Swapped, hooked, kernel_call, swapped_modules, weight_key
 from hfbert.modeling.inputs import check_inputs
 from hfbert.modeling.model import BertModel, wants_tuple
 from hfbert.modeling.outputs import BertModelOutput
+from hfbert.modeling.padding import runs_padding_free
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 SEQUENCE_BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -136,11 +137,6 @@ class CompiledForward:
         input_ids, attention_mask = given.get("input_ids"), given.get("attention_mask")
         if (
             model.training
-            or torch.compiler.is_compiling()  # a user's torch.compile of the model traces the plain computation
-            or torch.jit.is_tracing()
-            or transformed()  # forward-mode AD, torch.func's transforms: the eager gate runs them plain
-            or torch.is_grad_enabled()
-            or torch.is_autocast_enabled("cpu")
             or _or(given.get("output_attentions"), model.config.output_attentions)
             or given.get("inputs_embeds") is not None
             or type(input_ids) is not Tensor
@@ -148,6 +144,8 @@ class CompiledForward:
             or input_ids.device.type != "cpu"
             or 0 in input_ids.shape
             or (attention_mask is not None and type(attention_mask) is not Tensor)
+            # The gate's rules of a call: a user's torch.compile, tracing, transforms, gradients, autocast run plain.
+            or not kernel_call(input_ids, model.parameters())
             # A hook inside (added before or after compiling) must run, and see its module's own call.
             or hooked(module for module in model.modules() if module is not model)
         ):
@@ -260,12 +258,8 @@ class _Forward(nn.Module):
 
 def _cut(output: BertModelOutput, batch: int, sequence: int, attention_mask: Tensor | None, model: nn.Module):
     """The outputs of the padded call cut back to the call's (batch, sequence); pad positions zero where the eager
-    model would have run padding-free (right padding, `model.padding_free`), as its outputs are."""
-    zero = None
-    if attention_mask is not None and model.padding_free:
-        real = attention_mask != 0
-        if bool(real[:, 0].all()) and not bool(real.all()):
-            zero = ~real[:, :, None]
+    model would have run padding-free (`runs_padding_free`), as its outputs are."""
+    zero = (attention_mask == 0)[:, :, None] if runs_padding_free(attention_mask, model.padding_free) else None
 
     def cut(tensor: Tensor) -> Tensor:
         if tensor.dim() != 3:  # the pooler's (batch, hidden)
@@ -287,9 +281,8 @@ def compile_target(model: nn.Module) -> BertModel:
 
 def compile_forward(model: nn.Module) -> None:
     """Make the plain inference calls of `model` (a `BertModel`, or a head model around one: its backbone) run
-    compiled (module docstring)."""
+    compiled (module docstring); `optimize_for_inference` checked the model and the compiler first."""
     backbone = compile_target(model)
-    check_compiler()
     backbone.forward = CompiledForward(backbone)
 
 

@@ -11,8 +11,9 @@ where the default is held to 1.5x. The error comes from oneDNN's products, which
 dimension in one chain (about 2x sgemm's error per product; `packed.py` says why the default cuts it in blocks).
 
 Three blocks of each layer are swapped, the module tree and parameters staying what they were (`query`, `key`,
-`value`, `dense` and `LayerNorm` are the same modules, so the state dict is unchanged). Each block takes the kernel
-of its product as a value (`swapped.Kernel`): `packed.WHOLE` here, `int8.INT8` for the int8 model's attention.
+`value`, `dense` and `LayerNorm` are the same modules, so the state dict is unchanged). Each runs its product by
+`packed.WHOLE` (`swapped.Kernel`); attention alone takes another kernel as a value (`int8.INT8` for the int8 model),
+as the feed-forward blocks' post-ops are oneDNN's on `packed.WHOLE`'s form:
 
 - `FusedSelfAttention`: query, key and value in one product (hidden -> 3 x hidden) on one packed (or int8) weight;
 - `FusedIntermediate`: the feed-forward product on a packed weight, GELU (erf) as oneDNN's post-op or after it;
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 
 from hfbert.inference.measured import Candidate
 from hfbert.inference.packed import WHOLE, pack_whole, packed_product, packed_product_add
-from hfbert.inference.swapped import Swapped
+from hfbert.inference.swapped import Kernel, Swapped
 from hfbert.modeling.model import BertIntermediate, BertResidualOutput, BertSelfAttention
 
 
@@ -44,20 +45,15 @@ def _random(*shape: int) -> Tensor:
 
 
 class FusedBlock(Swapped):
-    """What the three fused blocks share: their product's kernel (`packed.WHOLE` unless given another), and the
-    linear layers the product replaces (`inner_modules`: the gate runs the plain block where they are hooked or
-    wrapped)."""
+    """What the three fused blocks share: their product's kernel, and the linear layers the product replaces
+    (`inner_modules`: the gate runs the plain block where they are hooked or wrapped)."""
 
     kernel = WHOLE
 
     @classmethod
-    def from_block(cls, block: nn.Module, choice: tuple[int, ...], **attributes: Any) -> FusedBlock:
+    def from_block(cls, block: nn.Module, choice: tuple[int, ...]) -> FusedBlock:
         """`swap_in` for a block, with its measured `choice` per row count."""
-        return cls.swap_in(block, _choice=choice, **attributes)
-
-    def to_block(self) -> nn.Module:
-        """The model's own block again, with the same modules and parameters."""
-        return self.swap_out()
+        return cls.swap_in(block, _choice=choice)
 
     def form_parameters(self) -> tuple[Tensor | None, ...]:
         return tuple(tensor for layer in self.inner_modules() for tensor in (layer.weight, layer.bias))
@@ -81,23 +77,23 @@ class FusedBlock(Swapped):
 class FusedSelfAttention(FusedBlock, BertSelfAttention):
     plain_class = BertSelfAttention
 
+    @classmethod
+    def from_block(cls, block: nn.Module, choice: tuple[int, ...], kernel: Kernel = WHOLE) -> FusedSelfAttention:
+        """`swap_in` for attention, with its measured `choice` per row count and its product's `kernel`."""
+        return cls.swap_in(block, _choice=choice, kernel=kernel)
+
     @staticmethod
     def linears(block: nn.Module) -> tuple[nn.Module, ...]:
         return block.query, block.key, block.value
 
-    def projections(self) -> tuple[nn.Module, ...]:
-        return self.linears(self)
-
-    def project(self, rows: Tensor) -> Tensor:
-        """(rows, hidden) -> (rows, query | key | value), the three products in one, by the block's kernel."""
-        return self.kernel.run(rows, self._form)
+    def project(self, hidden_states: Tensor) -> Tensor:
+        """(..., hidden) -> (..., query | key | value), the three products in one, by the block's kernel."""
+        return self.kernel.run(hidden_states, self._form)
 
     def forward(self, hidden_states: Tensor, batch: Any) -> tuple[Tensor, Tensor | None]:
         if not self.kernel_way(hidden_states):
             return super().forward(hidden_states, batch)
-        rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        projected = self.project(rows).view(*hidden_states.shape[:-1], -1)
-        query, key, value = projected.split(
+        query, key, value = self.project(hidden_states).split(
             [self.query.out_features, self.key.out_features, self.value.out_features], -1
         )
         return batch.attend(query, key, value, num_heads=self.num_heads, scale=self.scale, dropout=0.0)
@@ -127,13 +123,11 @@ class FusedIntermediate(FusedBlock, BertIntermediate):
         way = self.kernel_way(hidden_states)
         if not way:
             return super().forward(hidden_states)
-        packed, bias = self._form
+        if way == 1:
+            return self.activation(self.kernel.run(hidden_states, self._form))
+        # GELU as oneDNN's post-op: only offered for the erf form (`candidates`)
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        if way == 2:  # GELU as oneDNN's post-op: only offered for the erf form (`candidates`)
-            output = packed_product(rows, packed, bias, "gelu")
-        else:
-            output = self.activation(packed_product(rows, packed, bias))
-        return output.view(*hidden_states.shape[:-1], -1)
+        return packed_product(rows, *self._form, "gelu").view(*hidden_states.shape[:-1], -1)
 
     @staticmethod
     def candidates(hidden: int, intermediate: int, activation: Any) -> list[Candidate]:
@@ -162,13 +156,10 @@ class FusedResidualOutput(FusedBlock, BertResidualOutput):
         way = self.kernel_way(hidden_states)
         if not way or residual.dtype != torch.float32:
             return super().forward(hidden_states, residual)
-        packed, bias = self._form
+        if way == 1:
+            return self.LayerNorm(self.kernel.run(hidden_states, self._form) + residual)
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        residual_rows = residual.reshape(-1, residual.shape[-1]).contiguous()
-        if way == 2:
-            output = packed_product_add(rows, packed, bias, residual_rows)
-        else:
-            output = packed_product(rows, packed, bias) + residual_rows
+        output = packed_product_add(rows, *self._form, residual.reshape(-1, residual.shape[-1]).contiguous())
         return self.LayerNorm(output.view(residual.shape))
 
     @staticmethod
@@ -201,10 +192,9 @@ def block_candidates(block: nn.Module) -> tuple[tuple, list[Candidate]]:
     if isinstance(block, BertSelfAttention):
         hidden, projected = block.query.in_features, block.query.out_features
         return ("attention", hidden, projected), FusedSelfAttention.candidates(hidden, projected)
-    if isinstance(block, BertIntermediate):
-        shape = (block.dense.in_features, block.dense.out_features)
-        return ("intermediate", *shape, block.activation), FusedIntermediate.candidates(*shape, block.activation)
     shape = (block.dense.in_features, block.dense.out_features)
+    if isinstance(block, BertIntermediate):
+        return ("intermediate", *shape, block.activation), FusedIntermediate.candidates(*shape, block.activation)
     return ("output", *shape), FusedResidualOutput.candidates(*shape)
 
 

@@ -67,8 +67,8 @@ from hfbert.inference.compiled import check_compiler, compile_forward, compile_t
 from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, FusedSelfAttention, block_candidates
 from hfbert.inference.int8 import INT8, Int8Linear, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
-from hfbert.inference.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, linear_candidates, packing_supported
-from hfbert.inference.swapped import Swapped, swapped_modules
+from hfbert.inference.packed import BLOCKED, MIN_PACKED_WEIGHTS, PackedLinear, linear_candidates, packing_supported
+from hfbert.inference.swapped import Kernel, Swapped, swapped_modules
 from hfbert.modeling.model import BertSelfAttention
 from hfbert.platform.allocator import keep_freed_memory
 from hfbert.platform.mkl import warn_if_too_late
@@ -235,14 +235,14 @@ def _linear_choice(kernels: str, layer: nn.Linear) -> tuple[int, ...]:
 
 # -- the steps ------------------------------------------------------------------------------------------------------
 def _swap_packed_linears(model: nn.Module, kernels: str) -> None:
-    linears = _linears(model, MIN_PACKED_WEIGHTS, inside=_fused(model))
+    linears = _linears(model, BLOCKED, MIN_PACKED_WEIGHTS)
     choices = {name: _linear_choice(kernels, model.get_submodule(name)) for name in linears}
     packed = [name for name in linears if any(choices[name])]
     _swap(model, packed, lambda name, layer: PackedLinear.from_linear(layer, _choice=choices[name]))
 
 
 def _swap_fused_blocks(model: nn.Module, kernels: str) -> None:
-    blocks = _fused_blocks(model)
+    blocks = _fused_blocks(model, FusedBlock.kernel)
     choices = {name: _choice(kernels, *block_candidates(model.get_submodule(name))) for name in blocks}
     fused = [name for name in blocks if any(choices[name])]
     _swap(model, fused, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choices[name]))
@@ -251,7 +251,7 @@ def _swap_fused_blocks(model: nn.Module, kernels: str) -> None:
 def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
     attention = [
         name
-        for name in _fused_blocks(model)
+        for name in _fused_blocks(model, INT8)
         if isinstance(block := model.get_submodule(name), BertSelfAttention)
         and block.query.weight.numel() >= MIN_INT8_WEIGHTS
     ]
@@ -261,8 +261,7 @@ def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
 
 
 def _swap_int8_linears(model: nn.Module, kernels: str) -> None:
-    linears = _linears(model, MIN_INT8_WEIGHTS, inside=_fused(model))
-    _swap(model, linears, lambda name, layer: Int8Linear.from_linear(layer))
+    _swap(model, _linears(model, INT8, MIN_INT8_WEIGHTS), lambda name, layer: Int8Linear.from_linear(layer))
 
 
 def _compile(model: nn.Module, kernels: str) -> None:
@@ -297,20 +296,19 @@ MODES: dict[tuple, Mode] = {
 }
 
 
-def _fused_blocks(model: nn.Module) -> list[str]:
+def _fused_blocks(model: nn.Module, kernel: Kernel) -> list[str]:
     """The blocks a fused product can compute: the model's own attention, intermediate and output blocks whose
-    projections are plain fp32 `nn.Linear` layers oneDNN can pack (not a user's replacement or PEFT's LoRA wrapper,
-    whose own forward must run)."""
-    names = []
-    for name, block in model.named_modules():
-        if type(block) not in FUSED_BLOCKS:
-            continue
-        linears = FUSED_BLOCKS[type(block)].linears(block)
-        if all(type(linear) is nn.Linear and linear.weight.dtype == torch.float32 for linear in linears) and all(
-            can_pack(linear.weight) for linear in linears
-        ):
-            names.append(name)
-    return names
+    projections are plain `nn.Linear` layers (not a user's replacement or PEFT's LoRA wrapper, whose own forward
+    must run) with weights `kernel` runs here."""
+    return [
+        name
+        for name, block in model.named_modules()
+        if type(block) in FUSED_BLOCKS
+        and all(
+            type(linear) is nn.Linear and kernel.supports(linear.weight)
+            for linear in FUSED_BLOCKS[type(block)].linears(block)
+        )
+    ]
 
 
 def restore_weights(model: nn.Module) -> nn.Module:
@@ -343,13 +341,9 @@ def inference_mode_of(model: nn.Module) -> AppliedMode | None:
     if applied is None:
         return None
     swapped = swapped_modules(model)
-    plain = [module for module in swapped if not _runs_kernel_now(module)]
+    plain = [module for module in swapped if module.trains_plain or not module.runs_kernel()]
     said = _why_plain(applied.mode, plain, len(swapped)) if plain else None
     return dataclasses.replace(applied, swapped=len(swapped) - len(plain), plain=said)
-
-
-def _runs_kernel_now(module: Swapped) -> bool:
-    return module.runs_kernel() and not (module.training and module.differs_in_training)
 
 
 def _why_plain(mode_name: str, plain: list[Swapped], swapped: int) -> str:
@@ -376,24 +370,20 @@ def _why_plain(mode_name: str, plain: list[Swapped], swapped: int) -> str:
     return f"plain: {count} swapped layers or blocks run their plain computation: {'; '.join(reasons)}"
 
 
-def _fused(model: nn.Module) -> tuple[str, ...]:
-    """Name prefixes of the fused blocks: the linear layers inside them are computed by their block (whose plain way
-    runs them as nn.Linear)."""
-    return tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, FusedBlock))
-
-
-def _linears(model: nn.Module, min_weights: int, inside: tuple[str, ...]) -> list[str]:
-    """The `nn.Linear` layers worth swapping: large enough, plain, not `inside` a fused block, and owning their
-    weight (a tied weight must stay one parameter of one module, or the tie would break when a swap is undone)."""
+def _linears(model: nn.Module, kernel: Kernel, min_weights: int) -> list[str]:
+    """The `nn.Linear` layers worth swapping for `kernel`: large enough, plain, not inside a fused block (whose
+    plain way runs them as nn.Linear), and owning their weight (a tied weight must stay one parameter of one
+    module, or the tie would break when a swap is undone)."""
     uses = Counter(id(parameter) for _, parameter in model.named_parameters(remove_duplicate=False))
+    inside = tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, FusedBlock))
     return [
         name
         for name, layer in model.named_modules()
         if type(layer) is nn.Linear
+        and kernel.supports(layer.weight)
         and not name.startswith(inside)
         and uses[id(layer.weight)] == 1
         and layer.weight.numel() >= min_weights
-        and can_pack(layer.weight)
     ]
 
 

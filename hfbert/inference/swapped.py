@@ -173,7 +173,7 @@ class Swapped:
     def kernel_way(self, input: Tensor) -> int:
         """Which computation this call runs: 0 (the plain one) unless every rule lets a kernel run (module
         docstring); else the way measured fastest for its rows."""
-        if self.training and self.differs_in_training:
+        if self.trains_plain:
             return 0
         parameters = self.form_parameters()  # the weight first
         if type(input) is not Tensor or input.device.type != "cpu" or not self.kernel.accepts(input, parameters[0]):
@@ -181,13 +181,15 @@ class Swapped:
         inner = self.inner_modules()
         if inner and (any(type(module) is not nn.Linear for module in inner) or hooked(inner)):
             return 0  # a wrapper (LoRA) or a hook must see that module's own call, which only the plain way makes
-        if torch.compiler.is_compiling():
-            if not self._trace_kernels:  # a user's torch.compile traces the plain computation
-                return 0
-        elif not plain_call(input, parameters):
+        if not kernel_call(input, parameters, self._trace_kernels):
             return 0
         way = self._choice[bucket(input.numel() // input.shape[-1])]
         return way if way and self._ready() else 0
+
+    @property
+    def trains_plain(self) -> bool:
+        """Whether it runs its plain computation because it is training (where that changes it: a block's dropout)."""
+        return self.training and self.differs_in_training
 
     # -- the form -----------------------------------------------------------------------------------------------
     def rebuild(self) -> bool:
@@ -261,9 +263,6 @@ class InferenceLinear(Swapped, nn.Linear):
         """`swap_in` for a linear layer (the name its callers know)."""
         return cls.swap_in(linear, **attributes)
 
-    def to_linear(self) -> nn.Linear:
-        return self.swap_out()
-
     def form_parameters(self) -> tuple[Tensor | None, ...]:
         return (self.weight, self.bias)
 
@@ -273,17 +272,9 @@ class InferenceLinear(Swapped, nn.Linear):
     def build_form(self) -> Any:
         return self.kernel.build(self.weight.detach(), None if self.bias is None else self.bias.detach())
 
-    def supports(self, weight: Tensor) -> bool:
-        """Whether the kernel can run a product with `weight` here."""
-        return self.kernel.supports(weight)
-
-    def run(self, input: Tensor) -> Tensor:
-        """The kernel on the form (where the gate lets it run)."""
-        return self.kernel.run(input, self._form)
-
     def forward(self, input: Tensor) -> Tensor:
         if self.kernel_way(input):
-            return self.run(input)
+            return self.kernel.run(input, self._form)
         return F.linear(input, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -309,9 +300,13 @@ def hooked(modules: Iterable[nn.Module]) -> bool:
     )
 
 
-def plain_call(input: Tensor, parameters: tuple[Tensor | None, ...]) -> bool:
-    """Whether a oneDNN op (which has no backward and is invisible to autocast and tracers) may run this eager
-    call: no jit trace, plain parameters, no gradient asked of anything, no autocast."""
+def kernel_call(input: Tensor, parameters: Iterable[Tensor | None], trace_kernels: bool = False) -> bool:
+    """Whether a oneDNN op (which has no backward and is invisible to autocast and tracers) may run this call: under
+    torch.compile only where it traces the kernels (`trace_kernels`: the compiled path's own calls; a user's
+    torch.compile traces the plain computation); else no jit trace, plain parameters, no gradient asked of
+    anything, no autocast."""
+    if torch.compiler.is_compiling():
+        return trace_kernels
     if torch.jit.is_tracing() or transformed():
         return False
     parameters = tuple(parameter for parameter in parameters if parameter is not None)
@@ -341,7 +336,7 @@ class Fingerprint:
 
     __slots__ = ("_tensors", "_samples")
 
-    def __init__(self, tensors: Iterable[Tensor | None], resident: bool = True) -> None:
+    def __init__(self, tensors: Iterable[Tensor | None], resident: bool) -> None:
         self._tensors = tuple(tensor.detach() for tensor in tensors if tensor is not None and tensor.numel())
         views = [view for tensor in self._tensors for view in _sampled(tensor, resident)]
         self._samples = tuple((view, view.tobytes()) for view in views)
@@ -395,8 +390,6 @@ _MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
 
 @functools.cache
 def _libc_madvise() -> Any:
-    import ctypes
-
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return madvise

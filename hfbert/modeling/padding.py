@@ -26,20 +26,27 @@ BUCKET_FILL = 0.75
 
 def batch_layout(attention_mask: Tensor | None, implementation: str, padding_free: bool) -> PaddedBatch | PackedBatch:
     """The layout one forward runs on. Unmasked when there is no padding (as in transformers, the kernels then get
-    no mask at all); padding-free (`PackedBatch`) when the caller allows it (`padding_free`: inference with no
-    attention maps asked) and the first column is real (the pooler reads it: left-padded batches stay padded);
-    else padded. While tracing (torch.compile / export / jit) the mask is not inspected: the padded path has no
-    data-dependent shapes."""
+    no mask at all); padding-free (`PackedBatch`) where `runs_padding_free`; else padded. While tracing
+    (torch.compile / export / jit) the mask is not inspected: the padded path has no data-dependent shapes."""
     if attention_mask is None:
         return PaddedBatch(None, implementation)
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return PaddedBatch(key_padding_mask(attention_mask), implementation)
-    real = attention_mask != 0
-    if bool(real.all()):
+    if bool((attention_mask != 0).all()):
         return PaddedBatch(None, implementation)
-    if not padding_free or not bool(real[:, 0].all()):
-        return PaddedBatch(key_padding_mask(attention_mask), implementation)
-    return PackedBatch(attention_mask, implementation)
+    if runs_padding_free(attention_mask, padding_free):
+        return PackedBatch(attention_mask, implementation)
+    return PaddedBatch(key_padding_mask(attention_mask), implementation)
+
+
+def runs_padding_free(attention_mask: Tensor | None, padding_free: bool) -> bool:
+    """Whether a forward with this mask runs padding-free: the caller allows it (`padding_free`: inference with no
+    attention maps asked), the batch has padding, and its first column is real (the pooler reads it: left-padded
+    batches stay padded)."""
+    if attention_mask is None or not padding_free:
+        return False
+    real = attention_mask != 0
+    return bool(real[:, 0].all()) and not bool(real.all())
 
 
 def key_padding_mask(attention_mask: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """The tools floor: jobs built on the model, each in its own file, each behind a CLI command (`hfbert/cli.py`).
 
-- `parity.py`: `hfbert parity`, hfbert against transformers against float64;
+- `parity/`: `hfbert parity`, hfbert against transformers against float64;
 - `embedding.py`: `hfbert embed` and `Embedder`, sentence embeddings; `embedding_output.py`: where they are written;
 - `sentence_transformers_pipeline.py`: a checkpoint's sentence-transformers pipeline (pooling, Dense, Normalize),
   read from its files into the modules of `sentence_transformers_modules.py`, for `Embedder` and parity;

@@ -76,20 +76,17 @@ def canonical_tensors(
             continue
         heads[name] = tensor
     allowed = head_shapes(config)
-    check_heads(heads, config, directory, allowed)
+    check_heads(heads, allowed, directory)
     prefix = BACKBONE_PREFIX if heads else ""
     # In the order of the model's state_dict, as transformers saves a model (the shards it cuts follow that order),
     # not in the source file's (safetensors stores names sorted).
     tensors = {prefix + name: backbone[name] for name in expected if name in backbone}
     tensors |= {name: heads[name] for name in allowed if name in heads}
+    # The file's own keys: config.to_dict() would write every default too.
+    config_values = without_model_auto_map(read_json_object(directory / CONFIG_FILE, error=ConfigError))
     if dtype is not None:
         tensors = {name: cast(name, tensor, dtype, directory) for name, tensor in tensors.items()}
-    # The file's own keys: config.to_dict() would write every default too.
-    config_values = read_json_object(directory / CONFIG_FILE, error=ConfigError)
-    config_values = without_model_auto_map(config_values)
-    if dtype is not None:
-        for key in ("dtype", "torch_dtype"):
-            config_values[key] = dtype_name(dtype)
+        config_values |= {"dtype": dtype_name(dtype), "torch_dtype": dtype_name(dtype)}
     return tensors, config_values
 
 
@@ -109,15 +106,9 @@ def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
     return shapes
 
 
-def check_heads(
-    heads: dict[str, Tensor],
-    config: BertConfig,
-    directory: Path,
-    allowed: dict[str, set[tuple[int, ...]]] | None = None,
-) -> None:
-    """Task-head tensors get the backbone's checks: a known name, the shape config.json implies, finite values,
-    a floating-point dtype the kernels run. Raise `CheckpointError` listing what fails. `allowed`: `head_shapes`."""
-    allowed = allowed if allowed is not None else head_shapes(config)
+def check_heads(heads: dict[str, Tensor], allowed: dict[str, set[tuple[int, ...]]], directory: Path) -> None:
+    """Task-head tensors get the backbone's checks: a known name, a shape config.json implies (`allowed`, from
+    `head_shapes`), a floating-point dtype the kernels run, finite values; `CheckpointError` listing what fails."""
     problems = []
     for name, tensor in heads.items():
         if name not in allowed:

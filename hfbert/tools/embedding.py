@@ -9,32 +9,26 @@ file of any size (or standard input) to a `.npy` or `.jsonl` file, in input orde
     torch.Size([2, 384])
 
 What is computed: by default `Embedder` gives what `SentenceTransformer(MODEL).encode(texts)` gives, element for
-element: the checkpoint's modules.json pipeline (pooling mode, Dense, Normalize, max_seq_length, default prompt),
-read in both on-disk formats by `hfbert.tools.sentence_transformers_pipeline` (see there); a checkpoint without
-sentence-transformers files gets mean pooling, as SentenceTransformer builds for it. `pooling`, `normalize`,
-`max_length`, `prompt` / `prompt_name` override the checkpoint's choices; `Embedder.pipeline.describe()` says what
-runs (`hfbert embed` prints it). tests/test_embed_pipeline.py compares with sentence-transformers' `encode` by max
-abs difference, per pooling mode, with and without Normalize and Dense, in both formats.
+element: the checkpoint's pipeline as `hfbert.tools.sentence_transformers_pipeline` reads it (mean pooling for a
+checkpoint without sentence-transformers files). `pooling`, `normalize`, `max_length`, `prompt` / `prompt_name`
+override the checkpoint's choices; `Embedder.pipeline.describe()` says what runs (`hfbert embed` prints it).
+tests/test_embed_pipeline.py compares with sentence-transformers' `encode`.
 
-How a large input runs (`embed_file`): the input (a text file, one text per line, or JSONL with a "text" field per
-line; `-` is standard input) is read once, front to back, in chunks of `CHUNK_SIZE` lines, never whole: a pipe
-works as well as a file. Each chunk is sorted by length so that batches hold texts of similar length (little
-padding), embedded batch by batch, put back in input order and appended to the output: a `.npy` or `.jsonl` file,
-written whole or not at all, its space reserved first when the number of texts is known (texts given as
-arguments, or a regular file), a full disk one error naming the disk (`hfbert.tools.embedding_output`); with no
-output file, JSON lines on stdout.
-
-Under `torchrun` (RANK and WORLD_SIZE set, WORLD_SIZE > 1) each process reads the whole input (a regular file) and
-embeds the lines i with i % WORLD_SIZE == RANK into a part file `.OUT.partial-rank{RANK}-of-{WORLD_SIZE}` beside
-OUT (hfbert's own temporary names, so a user's file is never overwritten or deleted as a part); after a barrier
-(gloo process group) rank 0 merges the parts in input order into OUT and deletes them. The result is the same file
-as a single-process run.
+How a large input runs (`embed_file`): the texts (`hfbert.tools.texts.read_texts` reads a file or standard input)
+are consumed once, front to back, in chunks of `CHUNK_SIZE`, never whole: a pipe works as well as a file. Each
+chunk is sorted by length so that batches hold texts of similar length (little padding), embedded batch by batch,
+put back in input order and appended to the output (`hfbert.tools.embedding_output`: `.npy` or `.jsonl`, written
+whole or not at all). Under `torchrun` (WORLD_SIZE > 1) each process reads the whole input (a regular file) and
+embeds the lines i with i % WORLD_SIZE == RANK into a part file; rank 0 merges the parts in input order into the
+same file a single process writes.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import closing
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +43,6 @@ from hfbert.tools.texts import check_unicode, read_texts
 
 CHUNK_SIZE = 10_000
 __all__ = ["CHUNK_SIZE", "Embedder", "embed_file", "output_kind", "read_texts"]
-
-
-# -- the embedder -------------------------------------------------------------------------------------------
 
 
 class Embedder:
@@ -83,7 +74,7 @@ class Embedder:
         from converters.hub import resolve_checkpoint
         from hfbert.inference import optimize_for_inference
         from hfbert.modeling.model import BertModel
-        from hfbert.modeling.tokenizer import BertTokenizer
+        from hfbert.modeling.tokenizer import AutoTokenizer
 
         modes = None if pooling is None else (pooling,) if isinstance(pooling, str) else tuple(pooling)
         if modes is not None and (not modes or any(mode not in POOLINGS for mode in modes)):
@@ -92,7 +83,7 @@ class Embedder:
             raise ValueError(f"batch size must be at least 1, got {batch_size}")
         if prompt is not None and prompt_name is not None:
             raise ValueError("give a prompt or a prompt name, not both")
-        directory = Path(
+        self.directory = directory = Path(
             resolve_checkpoint(
                 model_path,
                 revision,
@@ -102,8 +93,7 @@ class Embedder:
                 token=token,
             )
         )
-        self.directory = directory
-        self.tokenizer = BertTokenizer.from_pretrained(directory)
+        self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.model = BertModel.from_pretrained(
             directory,
             device=device,
@@ -176,9 +166,6 @@ class Embedder:
     def normalize(self) -> bool:
         return self.pipeline.normalize
 
-    def _prepared(self, text: str) -> str:
-        return (self.pipeline.prompt or "") + text
-
     @torch.no_grad()
     def embed(self, texts: Sequence[str], progress: Any = None) -> Tensor:
         """Embeddings of `texts`, in their order; longest texts are batched together first, as sentence-transformers
@@ -188,11 +175,12 @@ class Embedder:
                 raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
             check_unicode(text, f"text {index}")
         order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
+        prompt = self.pipeline.prompt or ""
         result = torch.empty(len(texts), self.dimension, dtype=torch.float32)
         for start in range(0, len(order), self.batch_size):
             indices = order[start : start + self.batch_size]
             batch = self.tokenizer(
-                [self._prepared(texts[index]) for index in indices],
+                [prompt + texts[index] for index in indices],
                 padding=True,
                 truncation=True,
                 max_length=self.max_length,
@@ -203,23 +191,6 @@ class Embedder:
             if progress is not None:
                 progress.update(len(indices))
         return result
-
-
-# -- input ----------------------------------------------------------------------------------------------------
-
-
-def chunks(items: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
-    chunk: list[tuple[int, str]] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-# -- the whole job --------------------------------------------------------------------------------------------
 
 
 def embed_file(
@@ -246,21 +217,13 @@ def embed_file(
     target = part_file(out, rank, world) if world > 1 else out
     share = len(range(rank, total, world)) if total is not None else None
     bar = Progress(share, "embed", "text", enabled=progress and rank == 0)
-    try:
-        with output_writer(target, embedder.dimension, kind, reserve_rows=share) as writer:
-            mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
-            mine = ((index, _checked(text, index)) for index, text in mine)
-            for chunk in chunks(mine, chunk_size):
-                embeddings = embedder.embed([text for _, text in chunk], progress=bar)
-                writer.write([index for index, _ in chunk], embeddings)
-    finally:
-        bar.close()
+    with closing(bar), output_writer(target, embedder.dimension, kind, reserve_rows=share) as writer:
+        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+        while chunk := list(islice(mine, chunk_size)):
+            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
+                check_unicode(text, f"text {index}")
+            embeddings = embedder.embed([text for _, text in chunk], progress=bar)
+            writer.write([index for index, _ in chunk], embeddings)
     if world > 1:
         return merge_under_torchrun(out, kind, rank, world, embedder.dimension) or writer.row
     return writer.row
-
-
-def _checked(text: str, index: int) -> str:
-    # A file's texts are checked by read_texts (file and line); texts given as a list are named by their place.
-    check_unicode(text, f"text {index}")
-    return text

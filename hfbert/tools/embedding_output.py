@@ -14,13 +14,15 @@ deletes them (`merge_under_torchrun`).
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import re
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,37 +31,60 @@ from converters.atomic_write import PARTIAL_MARK, atomic_file
 from hfbert.tools.extras import import_numpy
 
 MERGE_ROWS = 10_000  # rows interleaved per block when merging the ranks' parts: memory bounded by it, not the input
-__all__ = ["disk_full", "merge_under_torchrun", "open_writer", "output_kind", "output_writer", "part_file"]
-
-
 NPY_HEADER_BYTES = 128  # numpy's own header length for any 2-D float32 shape below 10**40 rows
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
+__all__ = ["disk_full", "merge_under_torchrun", "open_writer", "output_kind", "output_writer", "part_file"]
 
 
 def npy_header(rows: int, dimension: int) -> bytes:
     """The .npy (format 1.0) header numpy.save writes for a (rows, dimension) float32 C-order array."""
-    import io
-
-    numpy = import_numpy()
     buffer = io.BytesIO()
-    header = {
-        "descr": numpy.lib.format.dtype_to_descr(numpy.dtype("<f4")),
-        "fortran_order": False,
-        "shape": (rows, dimension),
-    }
-    numpy.lib.format.write_array_header_1_0(buffer, header)
+    header = {"descr": "<f4", "fortran_order": False, "shape": (rows, dimension)}
+    import_numpy().lib.format.write_array_header_1_0(buffer, header)
     if len(buffer.getvalue()) != NPY_HEADER_BYTES:
         raise ValueError(f"{rows} x {dimension}: too large for a .npy header of {NPY_HEADER_BYTES} bytes")
     return buffer.getvalue()
 
 
-class NpyWriter:
-    """Rows appended in order to a float32 .npy file, written (not memory-mapped) as they come; the header, with
-    the final row count, is written by `close`. `reserve_rows`: the expected count, whose space is allocated first
-    (a disk too small fails at once, with ENOSPC)."""
+class _Writer:
+    """An output's handle and the rows written to it. `close()` flushes and fsyncs a complete output (a full disk
+    shows here at the latest, not after the rename), then closes it; `close(complete=False)`, after a failure, only
+    closes, its own error never hiding the one that stopped the run. Standard output is only flushed."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.row = handle, 0
+
+    def _complete(self) -> None:
+        """What a complete output still needs before it is flushed."""
+
+    def close(self, complete: bool = True) -> None:
+        if self.handle is sys.stdout:
+            self.handle.flush()
+            return
+        if self.handle.closed:
+            return
+        finished = False
+        try:
+            if complete:
+                self._complete()
+                self.handle.flush()
+                os.fsync(self.handle.fileno())
+                finished = True
+        finally:
+            try:
+                self.handle.close()
+            except OSError:
+                if finished:
+                    raise
+
+
+class NpyWriter(_Writer):
+    """Rows appended to a float32 .npy file as they come, the header with the final count written by `close`.
+    `reserve_rows`: the expected count, whose space is allocated first (a disk too small fails at once, ENOSPC)."""
 
     def __init__(self, path: str | os.PathLike, dimension: int, reserve_rows: int | None = None) -> None:
-        self.path, self.dimension, self.row = Path(path), dimension, 0
-        self.handle = open(path, "wb")  # noqa: SIM115 - closed by close()
+        super().__init__(open(path, "wb"))  # noqa: SIM115 - closed by close()
+        self.dimension = dimension
         try:
             if reserve_rows:
                 _reserve(self.handle, NPY_HEADER_BYTES + 4 * dimension * reserve_rows)
@@ -68,84 +93,46 @@ class NpyWriter:
             self.handle.close()
             raise
 
-    def write(self, indices: list[int], embeddings: Tensor) -> None:
+    def write(self, indices: Sequence[int], embeddings: Tensor) -> None:
         self.handle.write(embeddings.to(torch.float32).contiguous().numpy().tobytes())
         self.row += len(indices)
 
-    def close(self, complete: bool = True) -> None:
-        if self.handle.closed:
-            return
-        if complete:
-            try:
-                self.handle.flush()
-                self.handle.seek(0)
-                self.handle.write(npy_header(self.row, self.dimension))
-                self.handle.truncate(NPY_HEADER_BYTES + 4 * self.dimension * self.row)  # space reserved beyond
-            except BaseException:
-                _finish(self.handle, complete=False)
-                raise
-        _finish(self.handle, complete)
+    def _complete(self) -> None:
+        self.handle.seek(0)
+        self.handle.write(npy_header(self.row, self.dimension))
+        self.handle.truncate(NPY_HEADER_BYTES + 4 * self.dimension * self.row)  # space reserved beyond
 
 
-def _finish(handle: Any, complete: bool) -> None:
-    """Flush and fsync a complete output (a full disk shows here at the latest, not after the rename), then close;
-    an incomplete one is only closed, its own error never hiding the one that stopped the run."""
+def _reserve(handle: Any, size: int) -> None:
+    """Allocate `size` bytes for an open file; filesystems without fallocate (and macOS, Windows) simply skip it."""
     try:
-        if complete:
-            handle.flush()
-            os.fsync(handle.fileno())
-    finally:
-        try:
-            handle.close()
-        except OSError:
-            if complete:
-                raise
-
-
-def _reserve(handle, size: int) -> None:
-    """Allocate `size` bytes for an open file; filesystems without fallocate simply skip it."""
-    allocate = getattr(os, "posix_fallocate", None)
-    if allocate is None:
-        return
-    try:
-        allocate(handle.fileno(), 0, size)
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        os.posix_fallocate(handle.fileno(), 0, size)
+    except (AttributeError, OSError, ValueError) as error:
+        if getattr(error, "errno", None) in (*FULL_DISK, errno.EFBIG):
             raise
-    except ValueError:
-        pass
 
 
-class JsonlWriter:
+class JsonlWriter(_Writer):
     """One {"index", "embedding"} JSON object per line, to a file or stdout."""
 
     def __init__(self, path: str | os.PathLike | None) -> None:
-        self.row = 0
-        # The writer owns the handle; close() closes it.
-        self.handle: TextIO = open(path, "w", encoding="utf-8") if path is not None else sys.stdout  # noqa: SIM115
+        super().__init__(open(path, "w", encoding="utf-8") if path is not None else sys.stdout)  # noqa: SIM115
 
-    def write(self, indices: list[int], embeddings: Tensor) -> None:
+    def write(self, indices: Sequence[int], embeddings: Tensor) -> None:
         for index, vector in zip(indices, embeddings.tolist(), strict=True):
             self.handle.write(json.dumps({"index": index, "embedding": vector}) + "\n")
         self.row += len(indices)
 
-    def close(self, complete: bool = True) -> None:
-        if self.handle is sys.stdout:
-            self.handle.flush()
-            return
-        if self.handle.closed:
-            return
-        _finish(self.handle, complete)
-
 
 def open_writer(
-    path: str | os.PathLike | None, dimension: int, kind: str | None = None, reserve_rows: int | None = None
-) -> Any:
-    kind = kind or output_kind(path)
+    path: str | os.PathLike | None, dimension: int, kind: str, reserve_rows: int | None = None
+) -> NpyWriter | JsonlWriter:
+    """The writer of `kind` (`output_kind`) into `path` (None: stdout)."""
     return NpyWriter(path, dimension, reserve_rows) if kind == ".npy" else JsonlWriter(path)
 
 
 def output_kind(path: str | os.PathLike | None) -> str:
+    """The kind of output `path` is, by its suffix: ".npy" or ".jsonl" (None, standard output, is ".jsonl")."""
     if path is None:
         return ".jsonl"
     suffix = Path(path).suffix
@@ -160,7 +147,6 @@ def disk_full(destination: str | os.PathLike, error: OSError, rows: int) -> OSEr
     mount = destination.parent
     while not os.path.ismount(mount) and mount != mount.parent:
         mount = mount.parent
-    device = _mounted_device(mount)
     try:
         usage = os.statvfs(destination.parent)
         available, size = usage.f_bavail * usage.f_frsize / 2**20, usage.f_blocks * usage.f_frsize / 2**20
@@ -169,8 +155,8 @@ def disk_full(destination: str | os.PathLike, error: OSError, rows: int) -> OSEr
         free = "free space unknown"
     what = "no space left" if error.errno == errno.ENOSPC else "disk quota exceeded"
     full = OSError(
-        f"{destination}: {what} on the disk holding {destination.parent} ({device} mounted on {mount}, {free}) "
-        f"after {rows} embeddings; nothing was written, free some space or choose another --out"
+        f"{destination}: {what} on the disk holding {destination.parent} ({_mounted_device(mount)} mounted on "
+        f"{mount}, {free}) after {rows} embeddings; nothing was written, free some space or choose another --out"
     )
     full.errno = error.errno
     return full
@@ -178,44 +164,36 @@ def disk_full(destination: str | os.PathLike, error: OSError, rows: int) -> OSEr
 
 def _mounted_device(mount: Path) -> str:
     """ "/dev/vda1 (ext4)" for a mount point, from /proc/self/mounts (Linux); "the filesystem" elsewhere."""
-    import re
-
     device = "the filesystem"
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return device
-    for line in lines:
-        fields = line.split()
-        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[1]) if len(fields) > 2 else ""
-        if point == str(mount):
-            device = f"{fields[0]} ({fields[2]})"  # the last mount on a point is the visible one
+    for fields in map(str.split, lines):
+        # A mount point's spaces are written as octal escapes ("\040"); the last mount on a point is the visible one.
+        if len(fields) > 2 and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]) == str(mount):
+            device = f"{fields[0]} ({fields[2]})"
     return device
 
 
 @contextmanager
 def output_writer(
     target: str | os.PathLike | None, dimension: int, kind: str, reserve_rows: int | None = None
-) -> Iterator[Any]:
+) -> Iterator[NpyWriter | JsonlWriter]:
     """A writer (`open_writer`) whose rows appear in `target` only once the block it opens ends without error: into
     a temporary file that then replaces `target`, so a failure on line 21 leaves an existing output as it was, never
     overwritten with 20 rows. A full disk or spent quota ends in `disk_full`'s one line."""
-    with ExitStack() as stack:
-        temporary = stack.enter_context(atomic_file(target)) if target is not None else None
+    with atomic_file(target) if target is not None else nullcontext() as temporary:
         writer = None
         try:
             writer = open_writer(temporary, dimension, kind, reserve_rows)
             yield writer
             writer.close()
-        except OSError as error:
+        except BaseException as error:
             if writer is not None:
                 writer.close(complete=False)
-            if target is not None and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            if target is not None and isinstance(error, OSError) and error.errno in FULL_DISK:
                 raise disk_full(target, error, writer.row if writer else 0) from None
-            raise
-        except BaseException:
-            if writer is not None:
-                writer.close(complete=False)
             raise
 
 
@@ -239,12 +217,7 @@ def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: in
         dist.barrier()  # every part is complete
         if rank == 0:
             parts = [part_file(out, r, world) for r in range(world)]
-            try:
-                merged = merge_parts(out, kind, parts, dimension)
-            except OSError as error:
-                if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise disk_full(out, error, 0) from None
-                raise
+            merged = merge_parts(out, kind, parts, dimension)
             for part in parts:
                 os.remove(part)
         dist.barrier()  # no rank exits before the merged file exists
@@ -255,39 +228,30 @@ def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: in
 
 
 def merge_parts(out: str | os.PathLike, kind: str, parts: list[str], dimension: int) -> int:
-    """Interleave the parts (part r holds lines r, r + world, ...) into `out`, atomically; the number of rows."""
-    world = len(parts)
-    with atomic_file(out) as temporary:
-        if kind == ".jsonl":
-            with ExitStack() as stack:
-                handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
-                writer = stack.enter_context(open(temporary, "w", encoding="utf-8"))
-                total = 0
-                while line := handles[total % world].readline():
-                    writer.write(line)
-                    total += 1
-                if any(handle.readline() for handle in handles):
-                    raise ValueError(f"{out}: the part files of the ranks do not fit together")
-            return total
-        numpy = import_numpy()
-        arrays = [numpy.load(part, mmap_mode="r") for part in parts]
-        total = sum(len(array) for array in arrays)
-        if [len(array) for array in arrays] != [len(range(r, total, world)) for r in range(world)]:
-            raise ValueError(f"{out}: the part files of the ranks do not fit together")
-        writer = NpyWriter(temporary, dimension, reserve_rows=total)
-        try:
-            for start in range(0, total, MERGE_ROWS):
-                stop = min(total, start + MERGE_ROWS)
-                block = numpy.empty((stop - start, dimension), dtype=numpy.float32)
-                for r, array in enumerate(arrays):
-                    offset = (r - start) % world  # the first row of [start, stop) that part r holds
-                    first = (start + offset) // world
-                    rows = block[offset::world]
-                    rows[:] = array[first : first + len(rows)]
-                writer.handle.write(block.tobytes())
-                writer.row += len(block)
-            writer.close()
-        except BaseException:
-            writer.close(complete=False)
-            raise
-        return total
+    """Interleave the parts (part r holds lines r, r + world, ...) into `out` (`output_writer`); the number of rows."""
+    world, misfit = len(parts), ValueError(f"{out}: the part files of the ranks do not fit together")
+    if kind == ".jsonl":
+        with ExitStack() as stack:
+            handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
+            writer = stack.enter_context(output_writer(out, dimension, kind))
+            while line := handles[writer.row % world].readline():
+                writer.handle.write(line)
+                writer.row += 1
+            if any(handle.readline() for handle in handles):
+                raise misfit
+        return writer.row
+    numpy = import_numpy()
+    arrays = [numpy.load(part, mmap_mode="r") for part in parts]
+    total = sum(len(array) for array in arrays)
+    if [len(array) for array in arrays] != [len(range(r, total, world)) for r in range(world)]:
+        raise misfit
+    with output_writer(out, dimension, kind, reserve_rows=total) as writer:
+        for start in range(0, total, MERGE_ROWS):
+            block = numpy.empty((min(total - start, MERGE_ROWS), dimension), dtype=numpy.float32)
+            for r, array in enumerate(arrays):
+                offset = (r - start) % world  # the first row of the block that part r holds
+                first = (start + offset) // world
+                rows = block[offset::world]
+                rows[:] = array[first : first + len(rows)]
+            writer.write(range(start, start + len(block)), torch.from_numpy(block))
+    return total

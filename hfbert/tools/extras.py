@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 INSTALL_PARITY = "pip install 'hfbert[parity]'"
@@ -11,30 +12,26 @@ class MissingExtraError(ImportError):
     """An optional dependency (transformers, matplotlib, numpy) is not installed; the message says how to get it."""
 
 
-def import_transformers() -> Any:
+def import_optional(module: str, missing: str) -> Any:
+    """`module`, imported; `MissingExtraError(missing)` (the message says how to install it) when it is not there."""
     try:
-        import transformers
+        return importlib.import_module(module)
     except ImportError:
-        raise MissingExtraError(
-            f"the parity check compares against transformers, which is not installed: {INSTALL_PARITY}"
-        ) from None
-    return transformers
+        raise MissingExtraError(missing) from None
+
+
+def import_transformers() -> Any:
+    return import_optional(
+        "transformers", f"the parity check compares against transformers, which is not installed: {INSTALL_PARITY}"
+    )
 
 
 def import_pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise MissingExtraError("--plot needs matplotlib: pip install matplotlib (or 'hfbert[plot]')") from None
-    matplotlib.use("Agg")
+    import_optional("matplotlib", "--plot needs matplotlib: pip install matplotlib (or 'hfbert[plot]')").use("Agg")
     import matplotlib.pyplot as pyplot
 
     return pyplot
 
 
 def import_numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        raise MissingExtraError("writing .npy needs numpy: pip install numpy (or write .jsonl)") from None
-    return numpy
+    return import_optional("numpy", "writing .npy needs numpy: pip install numpy (or write .jsonl)")

@@ -23,6 +23,11 @@ from converters.loading import check_auto_map
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 # A model_max_length above this is transformers' "no limit" (hfbert.modeling.tokenizer.model_max_length).
 _NO_LIMIT_ABOVE = 10**20
+# The config fields `summary` reports, in the order `describe` prints them.
+_CONFIG_FIELDS = (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+    "max_position_embeddings", "type_vocab_size", "hidden_act",
+)  # fmt: skip
 
 
 def summary(directory: Path) -> dict[str, Any]:
@@ -39,15 +44,12 @@ def summary(directory: Path) -> dict[str, Any]:
         custom_code = {"auto_map": auto_map, "refused": str(error)}
     checkpoint = read_checkpoint(directory)
     files = [
-        {
-            "name": file.name,
-            "bytes": file.stat().st_size,
-            "sha256": sha256_of(file),
-            "not_read": checkpoint.not_read.get(file.name),
-        }
-        for file in sorted(p for p in directory.iterdir() if p.is_file())
+        {**facts, "not_read": checkpoint.not_read.get(facts["name"])}
+        for facts in describe_files(sorted(p for p in directory.iterdir() if p.is_file()))
     ]
     tensors = []
+    counts = {"backbone": 0, "heads": 0}
+    seen_storage = set()  # a .bin may store the tied decoder weight as a view of the word embeddings
     for name, tensor in checkpoint.tensors.items():
         mapped = map_key(name)
         action = {
@@ -66,31 +68,13 @@ def summary(directory: Path) -> dict[str, Any]:
                 "key_map": action,
             }
         )
-
-    counts = {"backbone": 0, "heads": 0}
-    seen_storage = set()  # a .bin may store the tied decoder weight as a view of the word embeddings
-    for name, tensor in checkpoint.tensors.items():
         storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        action = map_key(name).action
-        if storage in seen_storage or action not in ("loaded", "renamed", "ignored"):
-            continue
-        seen_storage.add(storage)
-        counts["heads" if action == "ignored" else "backbone"] += tensor.numel()
+        if storage not in seen_storage and mapped.action in ("loaded", "renamed", "ignored"):
+            seen_storage.add(storage)
+            counts["heads" if mapped.action == "ignored" else "backbone"] += tensor.numel()
     return {
         "checkpoint": str(directory),
-        "config": {
-            key: getattr(config, key)
-            for key in (
-                "num_hidden_layers",
-                "hidden_size",
-                "num_attention_heads",
-                "intermediate_size",
-                "vocab_size",
-                "max_position_embeddings",
-                "type_vocab_size",
-                "hidden_act",
-            )
-        },
+        "config": {key: getattr(config, key) for key in _CONFIG_FIELDS},
         "custom_code": custom_code,
         "tokenizer": tokenizer_summary(directory, config.vocab_size, config.max_position_embeddings),
         "files": files,
@@ -99,18 +83,23 @@ def summary(directory: Path) -> dict[str, Any]:
     }
 
 
+def describe_files(files: list[Path]) -> list[dict[str, Any]]:
+    """Name, size in bytes and sha256 of each file."""
+    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
+
+
 def tokenizer_summary(directory: Path, vocab_size: int, max_positions: int) -> dict[str, Any] | None:
     """The tokenizer in `directory` as hfbert builds it, and what in it does not fit the model (`problems`): ids
     past `vocab_size` (special tokens named first: every text has them), a `model_max_length` past the position
     embeddings, or why it cannot be built. None when the folder has no tokenizer file."""
-    from hfbert.modeling.tokenizer import BertTokenizer
+    from hfbert.modeling.tokenizer import AutoTokenizer
 
     files = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
     if not files:
         return None
     facts: dict[str, Any] = {"files": files, "tokens": None, "largest_id": None, "model_max_length": None}
     try:
-        tokenizer = BertTokenizer.from_pretrained(directory)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
     except (ValueError, OSError) as error:  # ConfigError is a ValueError
         return {**facts, "problems": [f"cannot be built: {error}"]}
     ids = tokenizer.get_vocab()
@@ -204,14 +193,7 @@ def fold_layers(rows: list[tuple]) -> list[tuple]:
     for _, run in groupby(sorted(layers), key=signature):
         indices = list(run)
         label = str(indices[0]) if len(indices) == 1 else f"{{{indices[0]}-{indices[-1]}}}"
+        old, new = f"layer.{indices[0]}.", f"layer.{label}."
         for name, shape, dtype, size, action in sorted(layers[indices[0]]):
-            folded.append(
-                (
-                    _LAYER.sub(rf"\g<1>{label}\3", name),
-                    shape,
-                    dtype,
-                    size,
-                    action.replace(f"layer.{indices[0]}.", f"layer.{label}."),
-                )
-            )
+            folded.append((_LAYER.sub(rf"\g<1>{label}\3", name), shape, dtype, size, action.replace(old, new)))
     return others + folded

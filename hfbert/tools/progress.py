@@ -33,15 +33,15 @@ class Progress:
 
     def __init__(self, total: int | None, description: str, unit: str, *, enabled: bool = True) -> None:
         self.total, self.description, self.unit = total, description, unit
-        self.count, self.postfix = 0, ""
+        self.count, self.postfix, self.printed = 0, "", False
         self.started = self.last = time.monotonic()
+        shown = enabled and not _silenced()
+        self.lines = shown and not sys.stderr.isatty()
         self.bar: Any = None
-        self.lines = enabled and not _silenced() and not sys.stderr.isatty()
-        if enabled and not _silenced() and sys.stderr.isatty():
+        if shown and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr)
-        self.printed = False
 
     def _line(self) -> None:
         elapsed = time.monotonic() - self.started
@@ -69,7 +69,6 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self.lines:
-            if self.printed:
-                self._line()
-            self.lines = False
+        elif self.lines and self.printed:
+            self._line()
+        self.lines = False

@@ -37,6 +37,9 @@ from converters.json_files import read_json, read_json_object
 from converters.loading import non_finite
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, Pooling, SentenceModules, pool
 
+# Dense and pool are re-exported from hfbert.tools.sentence_transformers_modules: their old import path.
+__all__ = ["POOLINGS", "SUPPORTED_MODULES", "Dense", "Pipeline", "pool", "read_pipeline"]
+
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -66,10 +69,6 @@ ACTIVATIONS = {
 }
 
 
-# Dense and pool are re-exported from hfbert.tools.sentence_transformers_modules: their old import path.
-__all__ = ["POOLINGS", "SUPPORTED_MODULES", "Dense", "Pipeline", "pool", "read_pipeline"]
-
-
 @dataclass
 class Pipeline:
     """How texts are prepared for the encoder, and the modules that run after it (`modules`: pooling, Dense,
@@ -97,10 +96,9 @@ class Pipeline:
     def describe(self) -> str:
         length = f"max_seq_length={self.max_length}" + (", do_lower_case" if self.do_lower_case else "")
         parts = [f"Transformer({length})"] + [module.describe() for module in self.modules]
-        text = f"{self.source}: {' -> '.join(parts)}"
-        if self.prompt:
-            text += f"; prompt {self.prompt!r}"
-        return text + (f" (overridden: {', '.join(self.overrides)})" if self.overrides else "")
+        prompt = f"; prompt {self.prompt!r}" if self.prompt else ""
+        overridden = f" (overridden: {', '.join(self.overrides)})" if self.overrides else ""
+        return f"{self.source}: {' -> '.join(parts)}{prompt}{overridden}"
 
 
 def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
@@ -171,18 +169,13 @@ def _dense(directory: Path, in_features: int) -> Dense:
         raise ValueError(f"{config_file}: in_features {inputs}, but the embedding before it has {in_features}")
     activation = _activation(config.get("activation_function"), config_file)
     tensors = _dense_weights(directory)
-    linear = nn.Linear(inputs, outputs, bias=bias, device="meta")
-    expected = {"linear.weight": (outputs, inputs)} | ({"linear.bias": (outputs,)} if bias else {})
-    # An activation with parameters (PReLU's slope) stores them in the Dense module's state, as sentence-transformers
-    # saves and loads it.
-    expected |= {f"activation_function.{key}": tuple(value.shape) for key, value in activation.state_dict().items()}
-    residual: nn.Module | None = None
+    residual = None
     if config.get("use_residual", False):
-        if inputs == outputs:
-            residual = nn.Identity()
-        else:
-            residual = nn.Linear(inputs, outputs, bias=False, device="meta")
-            expected["residual.weight"] = (outputs, inputs)
+        residual = nn.Identity() if inputs == outputs else nn.Linear(inputs, outputs, bias=False, device="meta")
+    dense = Dense(nn.Linear(inputs, outputs, bias=bias, device="meta"), activation, residual)
+    # The module's state as sentence-transformers saves and loads it: the linear layers' weights, and the parameters
+    # of an activation that has some (PReLU's slope).
+    expected = {name: tuple(value.shape) for name, value in dense.state_dict().items()}
     for name, shape in expected.items():
         tensor = tensors.tensors.get(name)
         if tensor is None or tuple(tensor.shape) != shape or not tensor.is_floating_point():
@@ -196,7 +189,6 @@ def _dense(directory: Path, in_features: int) -> Dense:
     unexpected = sorted(set(tensors.tensors) - set(expected))
     if unexpected:  # sentence-transformers refuses them too
         raise CheckpointError(f"{tensors.files[0]}: tensor {unexpected[0]!r} is not a weight of this Dense module")
-    dense = Dense(linear, activation, residual)
     dense.load_state_dict({name: tensors.tensors[name].float() for name in expected}, assign=True)
     return dense.eval()
 
@@ -235,14 +227,11 @@ def read_pipeline(
         raise ValueError(f"{modules_file}: the first module must be the Transformer at the checkpoint's root")
     transformer = read_json_object(directory / "sentence_bert_config.json", missing_ok=True)
     length = transformer.get("max_seq_length")
-    if length is None:
-        max_length = capped
-    elif isinstance(length, int) and not isinstance(length, bool) and length > 0:
-        max_length = min(length, max_position_embeddings)
-    else:
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
         raise ValueError(
             f"{directory / 'sentence_bert_config.json'}: max_seq_length {length!r}; expected a positive integer"
         )
+    max_length = capped if length is None else min(length, max_position_embeddings)
     modules: SentenceModules | None = None
     for name, folder in kinds[1:]:
         if name == "Transformer":
@@ -256,11 +245,10 @@ def read_pipeline(
         elif name == "Dense":
             modules.append(_dense(directory / folder, modules.dimension))
         elif name == "Normalize":
-            config = read_json_object(directory / folder / "config.json", missing_ok=True)
+            config_file = directory / folder / "config.json"
+            config = read_json_object(config_file, missing_ok=True)
             if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
-                raise ValueError(
-                    f"{directory / folder / 'config.json'}: hfbert embed normalizes the sentence embedding only"
-                )
+                raise ValueError(f"{config_file}: hfbert embed normalizes the sentence embedding only")
             modules.append(Normalize())
     if modules is None:
         raise ValueError(f"{modules_file}: no Pooling module; hfbert embed returns one vector per text")

@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterator, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 
 STDIN = "-"
@@ -30,22 +31,15 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     invalid UTF-8 is reported with its line number (a text-mode file decodes blocks of 8 KB and could only say
     "somewhere in this block")."""
     name = display_name(path)
-    if os.fspath(path) == STDIN:
-        yield from _numbered(sys.stdin.buffer, name)
-        return
-    with open(path, "rb") as handle:
-        yield from _numbered(handle, name)
-
-
-def _numbered(handle, name: str) -> Iterator[tuple[int, str]]:
-    for number, raw in enumerate(handle, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{name}:{number}: not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})"
-            ) from None
-        yield number, line.removesuffix("\n").removesuffix("\r")
+    with nullcontext(sys.stdin.buffer) if os.fspath(path) == STDIN else open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{name}:{number}: not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})"
+                ) from None
+            yield number, line.removesuffix("\n").removesuffix("\r")
 
 
 def read_texts(path: str | os.PathLike, *, skip_blank: bool = False) -> Iterator[str]:

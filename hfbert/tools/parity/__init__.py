@@ -63,18 +63,11 @@ pooler_output where it has one) is judged by the same rule against the same floa
 multiple of transformers' fp32 error (artifacts.py; `artifact_bound`, 1.5 by default). Where the checkpoint has a
 sentence-transformers pipeline, its sentence embeddings are compared too (sentences.py).
 
-The house, one concept per file:
-
-- `cases.py`: the battery and its five cases; `statistics.py`: the numbers and the verdict of one output;
-- `reference.py`: transformers' models, and the float64 twin; `compare.py`: one batch through the three models;
-- `engines/`: every engine behind one interface (load, then run a batch to named outputs): hfbert in each mode,
-  transformers, ONNX Runtime, OpenVINO, CTranslate2, one file each; a deployment engine is imported only when an
-  artifact needs it;
-- `artifacts.py`: an artifact's verdict and its likely causes; `artifact_paths.py`: where the model, its reference
-  and each artifact lie, resolved once (`resolve_paths`: a local path, or the model's Hub repo); `sentences.py`:
-  sentence embeddings and retrieval;
-- `report.py`, `artifact_report.py`, `plot.py`: the table, the JSON and the figure; `run.py`: `run_parity`, its
-  options checked once (`ParityOptions`) and its steps.
+The house, one concept per file: the battery (`cases.py`), the numbers and the verdict of one output
+(`statistics.py`), transformers' models and the float64 twin (`reference.py`), one batch through the three models
+(`compare.py`), every engine behind one interface (`engines/`, a deployment engine imported only when an artifact
+needs it), an artifact's verdict (`artifacts.py`, `artifact_paths.py`, `sentences.py`), the table, the JSON and the
+figure (`report.py`, `artifact_report.py`, `plot.py`), and `run_parity` with its options checked once (`run.py`).
 """
 
 from __future__ import annotations
@@ -82,19 +75,11 @@ from __future__ import annotations
 from converters.dtypes import DTYPES
 from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.cases import Case, build_cases, default_texts, read_texts
-from hfbert.tools.parity.reference import float64_twin, load_reference, with_pooler
+from hfbert.tools.parity.engines.base import with_pooler
+from hfbert.tools.parity.reference import float64_twin, load_reference
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.run import LINEAR_KERNELS, ParityOptions, fast_mode_bound, run_parity
-from hfbert.tools.parity.statistics import (
-    ACCURACY_RATIO,
-    TOP_K,
-    Accuracy,
-    Row,
-    Slice,
-    Stats,
-    TopKStats,
-    allowed_error,
-)
+from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row, Slice, Stats, TopKStats, allowed_error
 
 __all__ = [
     "ACCURACY_RATIO",

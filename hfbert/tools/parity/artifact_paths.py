@@ -1,7 +1,5 @@
-"""Where the inputs of a parity run lie, resolved once (`resolve_paths`): the model (a local folder, or a Hub repo
-downloaded and verified), its reference, and every artifact given to `hfbert parity --artifact`: a local file or
-folder, or a path inside the model (its local folder, or its Hub repo, downloaded at the model's commit into the same
-cache with the same sha256 checks as the model's files: converters.hub.download_artifact)."""
+"""Where the inputs of a parity run lie (the model, its reference, every artifact given to `hfbert parity
+--artifact`), resolved once: `resolve_paths`."""
 
 from __future__ import annotations
 
@@ -69,8 +67,9 @@ def resolve_artifact(
     cache_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
 ) -> Path:
-    """The local path of `artifact`. `model_path`: the model as given (a folder or a Hub repo id); `directory`: its
-    local folder (for a repo id, the cached snapshot, named by its commit)."""
+    """The local path of `artifact`: a local file or folder, or a path inside the model. `model_path`: the model as
+    given (a folder or a Hub repo id); `directory`: its local folder (for a repo id, the cached snapshot, named by its
+    commit, where the artifact is downloaded at that commit, with the same sha256 checks as the model's files)."""
     from converters.hub import download_artifact, looks_like_local_path
 
     path = Path(artifact).expanduser()

@@ -132,11 +132,8 @@ class ArtifactCheck:
         rows = []
         for index in sorted(self.positions):
             ours, theirs, count = self.positions[index]
-            low, high = (
-                POSITION_EDGES[index],
-                POSITION_EDGES[index + 1] - 1 if index + 1 < len(POSITION_EDGES) else None,
-            )
-            label = f"{low}-{high}" if high is not None else f"{low}+"
+            low = POSITION_EDGES[index]
+            label = f"{low}-{POSITION_EDGES[index + 1] - 1}" if index + 1 < len(POSITION_EDGES) else f"{low}+"
             rows.append((label, math.sqrt(ours / theirs) if theirs > 0 else math.inf, count))
         return rows
 
@@ -220,10 +217,7 @@ class ArtifactCheck:
             "ratios": self.ratios,
             "worst_ratio": self.worst_ratio,
             "bound": self.bound,
-            "min_cosine": sentence.get("min_cosine"),
-            "mean_cosine": sentence.get("mean_cosine"),
-            "retrieval_agreement": sentence.get("retrieval_agreement"),
-            "retrieval_k": sentence.get("retrieval_k"),
+            **{key: sentence.get(key) for key in ("min_cosine", "mean_cosine", "retrieval_agreement", "retrieval_k")},
             "median_seconds_per_batch": self.median_seconds,
             "verdict": self.verdict,
             "error": self.error,

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from hfbert.tools.parity.engines.base import TorchEngine
-from hfbert.tools.parity.statistics import TOP_K, Row, allowed_error, worse
+from hfbert.tools.parity.statistics import TOP_K, Row, Stats, allowed_error
 
 
 @contextmanager
@@ -42,6 +42,11 @@ def _each_layer_attention(backbone: Any, receive: Callable[[int, Tensor], None])
             handle.remove()
 
 
+def _kept(output: Any) -> tuple[tuple[Tensor, ...], Tensor | None, Tensor]:
+    """What is compared of a backbone's output: its hidden states, pooler output and last hidden state."""
+    return output.hidden_states, output.pooler_output, output.last_hidden_state
+
+
 def _real_rows(x: Tensor, real: Tensor, all_real: bool) -> Tensor:
     """(batch, sequence, ...) -> the vectors at real positions; a view, not a copy, when no position is padding."""
     return x.flatten(0, 1) if all_real else x[real]
@@ -65,17 +70,17 @@ def compare_batch(
     them), against which deployed artifacts are judged on the same batch."""
     real = batch["attention_mask"].bool()
     all_real = bool(real.all())
+
+    def run(runner: TorchEngine, **options: bool) -> Any:
+        return runner.backbone(**batch, return_dict=True, **options)
+
     if attentions:  # an eager run: one call of each model gives every output
-        options = dict(output_hidden_states=True, output_attentions=True, return_dict=True)
-        outputs = [runner.backbone(**batch, **options) for runner in runners[:2]]
+        outputs = [run(runner, output_hidden_states=True, output_attentions=True) for runner in runners[:2]]
         probabilities = [list(output.attentions) for output in outputs]
-        outputs = [(output.hidden_states, output.pooler_output, output.last_hidden_state) for output in outputs]
+        outputs = [_kept(output) for output in outputs]
     else:  # the eager calls first: their probabilities are compared and let go before the sdpa calls run
         with _eager_attention(runners[0].model, runners[1].model):
-            probabilities = [
-                list(runner.backbone(**batch, output_attentions=True, return_dict=True).attentions)
-                for runner in runners[:2]
-            ]
+            probabilities = [list(run(runner, output_attentions=True).attentions) for runner in runners[:2]]
     compared = []
 
     def compare(index: int, exact: Tensor) -> None:
@@ -86,12 +91,9 @@ def compare_batch(
         compared.append(index)
 
     with _each_layer_attention(runners[2].backbone, compare):  # the float64 reference: eager, every output
-        exact = runners[2].backbone(**batch, output_hidden_states=True, return_dict=True)
-    exact = (exact.hidden_states, exact.pooler_output, exact.last_hidden_state)
+        exact = _kept(run(runners[2], output_hidden_states=True))
     if not attentions:
-        options = dict(output_hidden_states=True, return_dict=True)
-        outputs = [runner.backbone(**batch, **options) for runner in runners[:2]]
-        outputs = [(output.hidden_states, output.pooler_output, output.last_hidden_state) for output in outputs]
+        outputs = [_kept(run(runner, output_hidden_states=True)) for runner in runners[:2]]
     outputs.append(exact)
     del exact
     counts = {len(hidden_states) for hidden_states, _, _ in outputs} | {len(layers) + 1 for layers in probabilities}
@@ -117,10 +119,8 @@ def compare_batch(
         )
         _, _, reference_error = rows["mlm logits"].update(case, ours, theirs, exact)
         # A swap in the top-k is a real difference unless the exact logits are tied within the allowed error.
-        their_max_abs = reference_max_abs = 0.0
-        for part in reference_error:  # max |theirs - exact| and max |exact| over this batch, as measured
-            their_max_abs = worse(their_max_abs, part.max_abs)
-            reference_max_abs = worse(reference_max_abs, part.reference_max_abs)
-        tie = 2 * allowed_error(dtype, their_max_abs, reference_max_abs, bound)
+        batch_error = Stats()
+        batch_error.add(reference_error)  # max |theirs - exact| and max |exact| over this batch, as measured
+        tie = 2 * allowed_error(dtype, batch_error.max_abs, batch_error.reference_max_abs, bound)
         rows[f"mlm top-{TOP_K}"].update(case, ours, exact, tie=tie)
     return kept

@@ -57,24 +57,12 @@ def figure(report: Any) -> Any:
             label=f"{label}: transformers",
         )
         errors.plot(xs, ours, marker=marker, linestyle=line, color=color, markersize=5, label=f"{label}: hfbert")
-        values = [row.total.ratio for row in rows]
-        passed = [row.passed for row in rows]
         xs = [x + 0.12 for x in xs] if rows is attentions else xs  # beside the hidden state of the same layer
-        ratios.plot(xs, values, linestyle=line, color=color, alpha=0.4)
-        for x, value, ok in zip(xs, values, passed, strict=True):
-            shown = min(max(value, low), high) if math.isfinite(value) else high / 2  # NaN, inf: at the top
-            ratios.plot(
-                [x],
-                [shown],
-                marker=marker,
-                linestyle="none",
-                markersize=7,
-                color=color if ok else "red",
-                markeredgecolor="black" if not ok else color,
-                gid="ratio",
-            )
-        for x, row in zip(xs, rows, strict=True):  # an output whose eps floor allows more than the bound
+        ratios.plot(xs, [row.total.ratio for row in rows], linestyle=line, color=color, alpha=0.4)
+        for x, row in zip(xs, rows, strict=True):
+            _draw_ratio(ratios, x, row, (low, high), color, marker=marker, markersize=7, gid="ratio")
             transformers_error = row.total.reference_error.rms
+            # An output whose eps floor allows more than the bound: its own bound marked.
             if transformers_error > 0 and row.total.allowed_error > bound * transformers_error * 1.001:
                 floored = True
                 ratios.plot(
@@ -114,18 +102,17 @@ def figure(report: Any) -> Any:
     ratios.set_ylabel("hfbert RMS error /\ntransformers RMS error")
     ratios.legend(fontsize="small", loc="upper center", ncol=4)
     ratios.grid(True, axis="y", which="major", alpha=0.3)
-    ticks = x_hidden + x_extra
     names = ["emb"] + [str(i) for i in range(report.num_layers)] + [row.name.replace(" ", "\n") for row in extra]
-    ratios.set_xticks(ticks, names)
+    ratios.set_xticks(x_hidden + x_extra, names)
     ratios.set_xlabel("output (layer)")
-    failed = [row.name for row in report.rows if not row.passed]
+    failed = sum(not row.passed for row in report.rows)
     within = f"{bound:g}x transformers' RMS error vs float64"
     if bound != ACCURACY_RATIO:
         within += f" (the bound of precision {report.precision!r})"
     verdict = (
         f"PASS: all {len(report.rows)} outputs within {within}"
         if not failed
-        else f"FAIL: {len(failed)} of {len(report.rows)} outputs beyond {within}; "
+        else f"FAIL: {failed} of {len(report.rows)} outputs beyond {within}; "
         f"first divergence: {report.first_divergence}"
     )
     if report.artifacts:
@@ -133,14 +120,12 @@ def figure(report: Any) -> Any:
         verdict += f"; artifacts: {passing} of {len(report.artifacts)} pass"
         if passing < len(report.artifacts):
             verdict = verdict.replace("PASS: all", "FAIL (artifacts): hfbert's", 1)
-        failed = failed or [check.name for check in report.artifacts if not check.passed]
     if report.untested:  # a case that could not hold what it tests passes nothing (cases.py)
         verdict = f"UNTESTED ({', '.join(report.untested)} not exercised): {verdict.replace('PASS: ', '', 1)}"
-        failed = failed or list(report.untested)
     figure.suptitle(
         f"{verdict}\n{report.model[-60:]}, {report.device}, {report.dtype}, attention {report.attn}, "
         f"linear {report.linear_kernel}",
-        color="darkgreen" if not failed else "darkred",
+        color="darkgreen" if report.passed else "darkred",
         fontsize="medium",
     )
     figure.tight_layout()
@@ -155,7 +140,6 @@ def _draw_artifacts(
 ) -> list[float]:
     """Each artifact beside hfbert and transformers: its RMS error against float64 and its ratio (against its own
     bound) at the last layer's hidden state (last_hidden_state) and at the pooler; returns the errors drawn."""
-    low, high = limits
     drawn = []
     for index, check in enumerate(report.artifacts):
         marker, color = ARTIFACT_MARKERS[index % len(ARTIFACT_MARKERS)], f"C{(index + 5) % 10}"
@@ -168,18 +152,16 @@ def _draw_artifacts(
         label = f"{name} ({check.engine.engine}, {check.engine.precision})"
         errors.plot(xs, values, marker=marker, linestyle="none", color=color, markersize=9, label=label)
         for x, (_, row) in zip(xs, points, strict=True):
-            value = row.total.ratio
-            shown = min(max(value, low), high) if math.isfinite(value) else high / 2
-            ratios.plot(
-                [x],
-                [shown],
-                marker=marker,
-                linestyle="none",
-                markersize=9,
-                color=color if row.passed else "red",
-                markeredgecolor="black" if not row.passed else color,
-                gid="artifact ratio",
-            )
+            _draw_ratio(ratios, x, row, limits, color, marker=marker, markersize=9, gid="artifact ratio")
         if check.bound != report.accuracy_bound:
             ratios.plot(xs, [check.bound] * len(xs), marker="_", color=color, markersize=16, linestyle="none")
     return drawn
+
+
+def _draw_ratio(ratios: Any, x: float, row: Any, limits: tuple, color: str, **style: Any) -> None:
+    """One row's ratio on the lower axes, red edged in black where it fails; NaN and inf at the top."""
+    low, high = limits
+    value = row.total.ratio
+    shown = min(max(value, low), high) if math.isfinite(value) else high / 2
+    edge = color if row.passed else "black"
+    ratios.plot([x], [shown], linestyle="none", color=color if row.passed else "red", markeredgecolor=edge, **style)

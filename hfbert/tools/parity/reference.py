@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,21 +66,6 @@ def load_reference(
         missing = sorted(info["missing_keys"]) + [str(key) for key in info["mismatched_keys"]]
         raise ValueError(f"{directory}: transformers.{model_class.__name__} could not load {', '.join(missing[:5])}")
     return model.to(device=device, dtype=dtype).eval()
-
-
-@functools.cache
-def with_pooler(masked_lm_class: type, pooler_class: type) -> type:
-    """`masked_lm_class` (hfbert's or transformers' BertForMaskedLM) whose backbone has the checkpoint's pooler too.
-    Both libraries build BertForMaskedLM without one (add_pooling_layer=False); with it, one masked-LM model gives
-    every row, the pooler computed by its own BertModel.forward, as a BertModel with a pooler computes it."""
-
-    class WithPooler(masked_lm_class):
-        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
-            super().__init__(config, *args, **kwargs)
-            self.bert.pooler = pooler_class(self.config)
-
-    WithPooler.__name__ = WithPooler.__qualname__ = f"{masked_lm_class.__name__}WithPooler"
-    return WithPooler
 
 
 class _Float64(torch.nn.Module):

@@ -10,11 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from hfbert.tools.extras import import_pyplot
+from hfbert.tools.parity.artifact_report import artifact_block, first_failure
 from hfbert.tools.parity.statistics import ACCURACY_RATIO, Accuracy, Row, TopKStats
+
+# The fields the JSON holds as the run gave them, in its order.
+_AS_GIVEN = (
+    "model", "model_path", "reference_path", "device", "dtype", "attn", "linear_kernel", "instruction_set",
+    "tolerance", "num_layers", "versions", "weight_files", "reference_weight_files", "cases", "seconds",
+)  # fmt: skip
 
 
 @dataclass
 class ParityReport:
+    """What a parity run found (`run_parity`): the table, the JSON and the figure."""
+
     model: str
     model_path: str
     reference_path: str  # where transformers loaded from: model_path unless a reference was given
@@ -57,8 +66,6 @@ class ParityReport:
     @property
     def first_failing_artifact(self) -> str | None:
         """'ARTIFACT (OUTPUT, ratio)' of the first artifact that fails, or None."""
-        from hfbert.tools.parity.artifact_report import first_failure
-
         return first_failure(self.artifacts)
 
     @property
@@ -80,10 +87,9 @@ class ParityReport:
         lines = [f"model      {self.model_path}"]
         if self.reference_path != self.model_path:
             lines.append(f"reference  {self.reference_path} (loaded in transformers)")
-        where = self.versions["device_name"]
         lines += [
-            f"run        {self.device} ({where}, {self.instruction_set}), {self.dtype}, attention {self.attn}, "
-            f"linear {self.linear_kernel}; hfbert {self.versions['hfbert']}, "
+            f"run        {self.device} ({self.versions['device_name']}, {self.instruction_set}), {self.dtype}, "
+            f"attention {self.attn}, linear {self.linear_kernel}; hfbert {self.versions['hfbert']}, "
             f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
             *([f"mkl        {self.versions['mkl']}"] if self.versions.get("mkl") and self.device == "cpu" else []),
             f"inputs     {described} sequences; {tokens} real tokens compared per output",
@@ -129,49 +135,26 @@ class ParityReport:
         if self.untested:
             lines.append(f"UNTESTED   {', '.join(self.untested)}: not exercised (see inputs), so nothing passes")
         if self.artifacts:
-            from hfbert.tools.parity.artifact_report import artifact_block
-
             if self.sentence_pipeline:
                 lines += ["", f"sentence embeddings of the artifacts: {self.sentence_pipeline}, on the texts"]
             for check in self.artifacts:
                 lines += ["", *artifact_block(check, self.sentence_baseline)]
-            lines.append("")
-            failing = self.first_failing_artifact
             passed = sum(check.passed for check in self.artifacts)
-            lines.append(
-                f"artifacts: {passed} of {len(self.artifacts)} pass"
-                + (f"; first failing: {failing}" if failing else "")
-            )
+            failing = f"; first failing: {self.first_failing_artifact}" if self.first_failing_artifact else ""
+            lines += ["", f"artifacts: {passed} of {len(self.artifacts)} pass{failing}"]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON data: every non-finite number (NaN, inf) is None (JSON has no NaN; strict parsers
         reject the bare NaN that json.dumps writes by default)."""
-        return _finite(self._as_dict())
-
-    def _as_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "passed": self.passed,
             "first_divergence": self.first_divergence,
             "untested": self.untested,
             "rule": self.rule,
             "accuracy_ratio_bound": self.accuracy_bound,
             "precision": self.precision,
-            "model": self.model,
-            "model_path": self.model_path,
-            "reference_path": self.reference_path,
-            "device": self.device,
-            "dtype": self.dtype,
-            "attn": self.attn,
-            "linear_kernel": self.linear_kernel,
-            "instruction_set": self.instruction_set,
-            "tolerance": self.tolerance,
-            "num_layers": self.num_layers,
-            "versions": self.versions,
-            "weight_files": self.weight_files,
-            "reference_weight_files": self.reference_weight_files,
-            "cases": self.cases,
-            "seconds": self.seconds,
+            **{key: getattr(self, key) for key in _AS_GIVEN},
             "definitions": {
                 "max_abs": "max |a - b| over real positions, hfbert (a) against transformers in the same dtype (b)",
                 "max_rel": "max over token vectors of ||a - b|| / ||b|| (L2)",
@@ -194,6 +177,7 @@ class ParityReport:
             "transformers_sentence_embeddings": self.sentence_baseline,
             "artifacts": [check.to_dict() for check in self.artifacts],
         }
+        return _finite(data)
 
     def write_json(self, path: str | os.PathLike) -> None:
         from converters.atomic_write import atomic_file

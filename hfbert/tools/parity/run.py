@@ -4,13 +4,11 @@ report."""
 from __future__ import annotations
 
 import gc
-import importlib.metadata
 import os
 import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,12 +18,13 @@ from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.platform.cpu import cpu_flags, cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
 from hfbert.tools.extras import import_transformers
+from hfbert.tools.inspect import describe_files
 from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.artifacts import ArtifactCheck
 from hfbert.tools.parity.cases import Case, build_cases, default_texts
 from hfbert.tools.parity.compare import compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
-from hfbert.tools.parity.engines.base import TorchEngine
+from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine, installed_version
 from hfbert.tools.parity.reference import no_tf32, position_offset
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
@@ -47,30 +46,21 @@ def fast_mode_bound() -> float:
 @dataclass(frozen=True)
 class ParityOptions:
     """How a parity run runs: every argument of `run_parity` but where its inputs lie (`resolve_paths`), checked
-    here, once, before anything loads.
+    here, once, before anything loads."""
 
-    `device`, `dtype` (a name in converters.dtypes.DTYPES or a torch.dtype, held as the torch.dtype), `attn`: how
-    hfbert and transformers run (the float64 reference runs eager, on the same device). `texts`: the battery (default:
-    the shipped sentences), in batches of `batch_size`. `linear_kernel`: "standard" (default: `nn.Linear`, as built),
-    "packed" (hfbert's model through `hfbert.optimize_for_inference`, judged by the same 1.5x) or "fast" (through
-    `optimize_for_inference(model, precision="high")`, judged by that mode's bound, 3x). `tolerance`: also require
-    max abs against transformers to be at most this. `artifacts`: whether deployed artifacts are judged (on the CPU,
-    in float32), each output within `artifact_bound` x transformers' fp32 error; `artifact_precision`: OpenVINO's
-    precision hint ("f32", or "default": the CPU's own choice). A checkpoint whose config.json maps the model to
-    custom code (`auto_map`) is refused before anything loads, as `from_pretrained` refuses it, unless
-    `ignore_auto_map=True` says its weights are plain BERT."""
-
-    device: str = "cpu"
-    dtype: torch.dtype | str = "float32"
+    device: str = "cpu"  # hfbert's and transformers' (the float64 reference runs eager, on the same device)
+    dtype: torch.dtype | str = "float32"  # a name in converters.dtypes.DTYPES or a torch.dtype, held as the dtype
     attn: str = "sdpa"
-    texts: Sequence[str] | None = None
+    texts: Sequence[str] | None = None  # the battery (default: the shipped sentences), in batches of batch_size
     batch_size: int = 8
-    linear_kernel: str | None = None
-    tolerance: float | None = None
+    linear_kernel: str | None = None  # one of LINEAR_KERNELS (None: "standard")
+    tolerance: float | None = None  # also require max abs against transformers to be at most this
     progress: bool = True
-    artifacts: bool = False
-    artifact_bound: float = ACCURACY_RATIO
-    artifact_precision: str = "f32"
+    artifacts: bool = False  # deployed artifacts judged (on the CPU, in float32), each output within artifact_bound
+    artifact_bound: float = ACCURACY_RATIO  # x transformers' fp32 error
+    artifact_precision: str = "f32"  # OpenVINO's precision hint ("f32", or "default": the CPU's own choice)
+    # A checkpoint whose config.json maps the model to custom code (auto_map) is refused before anything loads, as
+    # from_pretrained refuses it, unless this says its weights are plain BERT.
     ignore_auto_map: bool = False
 
     def __post_init__(self) -> None:
@@ -147,6 +137,8 @@ def run_parity(
     is compared and when it passes. `revision`, `reference`, `artifacts`, `artifact_names`, `cache_dir`, `token`:
     where the inputs lie, as `resolve_paths` takes them; `model_name`: what the report calls the model (default:
     `model_path` as given); the rest: how it runs, as `ParityOptions` holds them."""
+    from hfbert.modeling.tokenizer import AutoTokenizer
+
     transformers = import_transformers()
     started = time.perf_counter()
     given = model_path.artifacts if isinstance(model_path, ParityPaths) else artifacts
@@ -164,31 +156,73 @@ def run_parity(
         artifact_precision=artifact_precision,
         ignore_auto_map=ignore_auto_map,
     )
-    paths = _paths(model_path, revision, reference, artifacts, artifact_names, cache_dir, token)
+    where = {"revision": revision, "reference": reference, "artifact_names": artifact_names, "cache_dir": cache_dir}
+    paths = _paths(model_path, artifacts, **where, token=token)
     facts = _CheckpointFacts.read(paths, options.ignore_auto_map)
-    checks = _open_artifacts(paths, facts.hidden_size, options)  # one that cannot run fails before the models load
-    tokenizer, runners, ran_kernel = _load_models(transformers, paths, facts, options)
-    config = runners[0].model.config
-    battery = _Battery.build(tokenizer, config, facts, checks, options, paths.directory)
+    checks = [  # opened first: one that cannot run fails before the models load
+        ArtifactCheck(
+            name,
+            open_artifact(path, facts.hidden_size, torch.get_num_threads(), options.artifact_precision),
+            options.artifact_bound,
+            instruction_set=instruction_set(),
+            vnni=has_vnni(),
+        )
+        for name, path in zip(paths.artifact_names, paths.artifacts, strict=True)
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(paths.directory)
+    # The three models a batch runs through, one per library, loaded once (`ModelSpec`).
+    spec = ModelSpec(facts.has_mlm_head, facts.has_pooler, options.dtype, options.device, options.attn)
+    ours, ran_kernel = hfbert_engine.load(paths.directory, spec, options.linear_kernel, options.ignore_auto_map)
+    theirs, exact = transformers_engine.load(transformers, paths.reference_directory, spec)
+    runners = (ours, theirs, exact)
+    config = ours.model.config
+    battery_texts = list(options.texts or default_texts())
+    cases = build_cases(
+        tokenizer, battery_texts, options.batch_size, config.max_position_embeddings, config.type_vocab_size
+    )
+    for check in checks:
+        check.untested = {case.name: case.note for case in cases if not case.exercised}
+    pipeline = read_sentence_pipeline(paths.directory, config, tokenizer.model_max_length) if checks else None
+    battery = _Battery(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
     battery.run(runners, options, config.max_position_embeddings)
-    del runners
+    del runners, ours, theirs, exact
     gc.collect()
-    label = str(model_name if model_name is not None else paths.model)
-    return _report(label, paths, options, facts, battery, ran_kernel, config, transformers, started)
+    return ParityReport(
+        model=str(model_name if model_name is not None else paths.model),
+        model_path=str(paths.directory),
+        reference_path=str(paths.reference_directory),
+        device=str(options.device),
+        dtype=options.dtype_name,
+        attn=options.attn,
+        linear_kernel=ran_kernel,
+        instruction_set=instruction_set(),
+        tolerance=options.tolerance,
+        num_layers=config.num_hidden_layers,
+        versions={
+            "hfbert": installed_version("hfbert"),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "device_name": torch.cuda.get_device_name(options.device) if options.device_type == "cuda" else cpu_name(),
+            "mkl": mkl_branch(),
+        },
+        weight_files=facts.weight_files,
+        reference_weight_files=facts.reference_weight_files,
+        cases=[case.describe() for case in battery.cases],
+        rows=list(battery.rows.values()),
+        seconds=round(time.perf_counter() - started, 3),
+        accuracy_bound=options.bound,
+        precision=options.precision,
+        artifacts=battery.checks,
+        sentence_pipeline=battery.pipeline.describe() if battery.pipeline is not None else "",
+        sentence_baseline=battery.baseline.numbers(),
+    )
 
 
 def _paths(
-    model_path: str | os.PathLike | ParityPaths,
-    revision: str | None,
-    reference: str | os.PathLike | None,
-    artifacts: Sequence[str | os.PathLike],
-    artifact_names: Sequence[str] | None,
-    cache_dir: str | os.PathLike | None,
-    token: str | bool | None,
+    model_path: str | os.PathLike | ParityPaths, artifacts: Sequence[str | os.PathLike], **named: Any
 ) -> ParityPaths:
     """`model_path` resolved (`resolve_paths`), or as resolved already: then no other argument names a path."""
-    named = {"revision": revision, "reference": reference, "artifact_names": artifact_names, "cache_dir": cache_dir}
-    named["token"] = token
     if not isinstance(model_path, ParityPaths):
         return resolve_paths(model_path, artifacts=artifacts, **named)
     given = [name for name, value in named.items() if value is not None] + (["artifacts"] if artifacts else [])
@@ -219,11 +253,11 @@ class _CheckpointFacts:
 
         checkpoint = read_checkpoint(paths.directory)
         stored = {normalize_name(name) for name in checkpoint.tensors}
-        weight_files = _describe_files(checkpoint.files)
+        weight_files = describe_files(checkpoint.files)
         del checkpoint
         reference_files = []
         if paths.reference is not None:  # checked as hfbert checks a config (naming the file), before transformers
-            reference_files = _describe_files(read_checkpoint(paths.reference).files)
+            reference_files = describe_files(read_checkpoint(paths.reference).files)
             BertConfig.from_json_file(paths.reference / CONFIG_FILE)
         config = BertConfig.from_pretrained(paths.directory)
         if not ignore_auto_map:
@@ -237,45 +271,6 @@ class _CheckpointFacts:
         )
 
 
-def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
-    from converters.hub import sha256_of
-
-    return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
-
-
-def _open_artifacts(paths: ParityPaths, hidden_size: int, options: ParityOptions) -> list[ArtifactCheck]:
-    threads = torch.get_num_threads()
-    return [
-        ArtifactCheck(
-            name,
-            open_artifact(path, hidden_size, threads, options.artifact_precision),
-            options.artifact_bound,
-            instruction_set=instruction_set(),
-            vnni=has_vnni(),
-        )
-        for name, path in zip(paths.artifact_names, paths.artifacts, strict=True)
-    ]
-
-
-def _load_models(
-    transformers: Any, paths: ParityPaths, facts: _CheckpointFacts, options: ParityOptions
-) -> tuple[Any, tuple[TorchEngine, TorchEngine, TorchEngine], str]:
-    """The tokenizer, the three models a batch runs through (hfbert, transformers, transformers in float64), and what
-    hfbert's linear layers run on. One model per library, loaded once: the masked-LM model when the
-    checkpoint has that head (its backbone gives the hidden states, the pooler and the attention probabilities),
-    else the backbone alone."""
-    from hfbert.modeling.tokenizer import BertTokenizer
-
-    tokenizer = BertTokenizer.from_pretrained(paths.directory)
-    shape = {"has_mlm_head": facts.has_mlm_head, "has_pooler": facts.has_pooler, "dtype": options.dtype}
-    shape |= {"device": options.device, "attn": options.attn}
-    ours, ran_kernel = hfbert_engine.load(
-        paths.directory, linear_kernel=options.linear_kernel, ignore_auto_map=options.ignore_auto_map, **shape
-    )
-    theirs, exact = transformers_engine.load(transformers, paths.reference_directory, **shape)
-    return tokenizer, (ours, theirs, exact), ran_kernel
-
-
 @dataclass
 class _Battery:
     """The cases, the rows they fill, the artifacts judged on them, and (with artifacts) the checkpoint's sentence
@@ -286,24 +281,6 @@ class _Battery:
     checks: list[ArtifactCheck]
     pipeline: Any
     baseline: SentenceStats = field(default_factory=SentenceStats)
-
-    @classmethod
-    def build(
-        cls,
-        tokenizer: Any,
-        config: Any,
-        facts: _CheckpointFacts,
-        checks: list[ArtifactCheck],
-        options: ParityOptions,
-        directory: Path,
-    ) -> _Battery:
-        texts = list(options.texts or default_texts())
-        positions = config.max_position_embeddings
-        cases = build_cases(tokenizer, texts, options.batch_size, positions, config.type_vocab_size)
-        for check in checks:
-            check.untested = {case.name: case.note for case in cases if not case.exercised}
-        pipeline = read_sentence_pipeline(directory, config, tokenizer.model_max_length) if checks else None
-        return cls(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
 
     def run(
         self, runners: tuple[TorchEngine, TorchEngine, TorchEngine], options: ParityOptions, max_positions: int
@@ -331,7 +308,7 @@ class _Battery:
                     texts_once = index < len(case.batches) - case.added  # an added batch repeats texts: no sentences
                     for check in checks:
                         check.update(case.name, batch, *kept, pipeline if texts_once else None)
-                    if checks and pipeline is not None and case.name == SENTENCE_CASE and texts_once:
+                    if pipeline is not None and case.name == SENTENCE_CASE and texts_once:
                         mask = batch["attention_mask"]
                         self.baseline.add(*(embed(pipeline, named["last_hidden_state"], mask) for named in kept))
                     del kept
@@ -363,63 +340,7 @@ def _rows(layers: int, facts: _CheckpointFacts, options: ParityOptions) -> dict[
     return rows
 
 
-def _report(
-    model: str,
-    paths: ParityPaths,
-    options: ParityOptions,
-    facts: _CheckpointFacts,
-    battery: _Battery,
-    ran_kernel: str,
-    config: Any,
-    transformers: Any,
-    started: float,
-) -> ParityReport:
-    pipeline = battery.pipeline
-    return ParityReport(
-        model=model,
-        model_path=str(paths.directory),
-        reference_path=str(paths.reference_directory),
-        device=str(options.device),
-        dtype=options.dtype_name,
-        attn=options.attn,
-        linear_kernel=ran_kernel,
-        instruction_set=instruction_set(),
-        tolerance=options.tolerance,
-        num_layers=config.num_hidden_layers,
-        versions=_versions(options.device, transformers),
-        weight_files=facts.weight_files,
-        reference_weight_files=facts.reference_weight_files,
-        cases=[case.describe() for case in battery.cases],
-        rows=list(battery.rows.values()),
-        seconds=round(time.perf_counter() - started, 3),
-        accuracy_bound=options.bound,
-        precision=options.precision,
-        artifacts=battery.checks,
-        sentence_pipeline=pipeline.describe() if pipeline is not None else "",
-        sentence_baseline=battery.baseline.numbers(),
-    )
-
-
-def _versions(device: str, transformers: Any) -> dict[str, str]:
-    return {
-        "hfbert": _installed_version("hfbert"),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "device_name": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else cpu_name(),
-        "mkl": mkl_branch(),
-    }
-
-
 def has_vnni() -> bool:
     """Whether the CPU multiplies u8 x s8 with VNNI (AVX512_VNNI or AVX_VNNI): without it, the products of
     dynamically quantized int8 graphs saturate in 16 bits."""
-    flags = cpu_flags()
-    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
-
-
-def _installed_version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu_flags()))

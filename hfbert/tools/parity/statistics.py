@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,23 +22,10 @@ def worse(current: float, value: float) -> float:
     return value if math.isnan(value) or value > current else current
 
 
-class Slice(NamedTuple):
-    """The numbers of one slice of rows, as `Stats.measure` computes them and `Stats.add` folds them in."""
-
-    max_abs: float
-    reference_max_abs: float
-    sum_abs: float
-    sum_squares: float
-    reference_sum_squares: float
-    elements: int
-    vectors: int
-    max_rel: float
-    min_cosine: float
-
-
 @dataclass
 class Stats:
-    """Differences between two sets of vectors, accumulated over batches."""
+    """Differences between two sets of vectors, accumulated over batches (or over one slice of rows, as `measure`
+    computes them and `add` folds them in)."""
 
     max_abs: float = 0.0
     max_rel: float = 0.0
@@ -55,7 +42,7 @@ class Stats:
         self.add(self.measure(ours, reference))
 
     @staticmethod
-    def measure(ours: Tensor, reference: Tensor) -> list[Slice]:
+    def measure(ours: Tensor, reference: Tensor) -> list[Stats]:
         """What `update` adds, slice by slice: measured once, it is added to the total and to its case alike."""
         if ours.shape != reference.shape:
             raise ValueError(f"shape {tuple(ours.shape)} in hfbert but {tuple(reference.shape)} in the reference")
@@ -75,7 +62,7 @@ class Stats:
             relative = difference.norm(dim=1) / b.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)
             difference.abs_()
             slices.append(
-                Slice(
+                Stats(
                     max_abs=float(difference.max()),
                     reference_max_abs=float(b.abs().max()),
                     sum_abs=float(difference.sum()),
@@ -89,7 +76,7 @@ class Stats:
             )
         return slices
 
-    def add(self, slices: list[Slice]) -> None:
+    def add(self, slices: list[Stats]) -> None:
         for part in slices:  # in order: the sums come out the same whichever records they are added to
             self.max_abs = worse(self.max_abs, part.max_abs)
             self.reference_max_abs = worse(self.reference_max_abs, part.reference_max_abs)
@@ -119,6 +106,9 @@ class Stats:
         return {**asdict(self), "mean_abs": self.mean_abs, "rms": self.rms, "reference_rms": self.reference_rms}
 
 
+Slice = Stats  # the numbers of one slice of rows, as Stats.measure gives them
+
+
 def allowed_error(dtype: torch.dtype, transformers_error: float, scale: float, bound: float = ACCURACY_RATIO) -> float:
     """`bound` (ACCURACY_RATIO, or the fast mode's bound) x transformers' own error against float64, never below
     eps(dtype) x `scale` (the values' size), so that exact zeros on both sides do not divide by zero."""
@@ -141,14 +131,13 @@ class Accuracy:
         self.add(self.measure(ours, theirs, exact))
 
     @staticmethod
-    def measure(ours: Tensor, theirs: Tensor, exact: Tensor) -> tuple[list[Slice], list[Slice], list[Slice]]:
+    def measure(ours: Tensor, theirs: Tensor, exact: Tensor) -> tuple[list[Stats], list[Stats], list[Stats]]:
         """hfbert against transformers, hfbert against float64, transformers against float64."""
         return Stats.measure(ours, theirs), Stats.measure(ours, exact), Stats.measure(theirs, exact)
 
-    def add(self, measured: tuple[list[Slice], list[Slice], list[Slice]]) -> None:
-        for stats, slices in zip(
-            (self.versus_transformers, self.ours_error, self.reference_error), measured, strict=True
-        ):
+    def add(self, measured: tuple[list[Stats], list[Stats], list[Stats]]) -> None:
+        records = (self.versus_transformers, self.ours_error, self.reference_error)
+        for stats, slices in zip(records, measured, strict=True):
             stats.add(slices)
 
     @property

@@ -4,15 +4,13 @@ A batch is what the battery builds (`cases.py`): int64 tensors `input_ids`, `att
 and, for left padding, `position_ids`. The outputs are named as transformers names them: `last_hidden_state`
 (batch, sequence, hidden) and, where the engine has one, `pooler_output` (batch, hidden).
 
-A deployment artifact (ONNX file, OpenVINO IR, CTranslate2 folder) is one `ArtifactEngine`: its module in this
-package says which paths it `accepts` and how to `load` one. Graphs that take no `position_ids` get a left-padded
-batch turned right-padded first (the same real tokens at the same positions, as the battery's position_ids put
-them), and their outputs turned back, so every engine is compared at the same real positions.
+A deployment artifact is one `ArtifactEngine`; hfbert and transformers are `TorchEngine`s. Graphs that take no
+`position_ids` get a left-padded batch turned right-padded first and their outputs turned back (`left_to_right`).
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from hfbert.tools.extras import MissingExtraError
+from hfbert.tools.extras import import_optional
 
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 INSTALL_DEPLOY = "pip install 'hfbert[deploy]'"
@@ -34,10 +32,7 @@ class ArtifactError(ValueError):
 
 def import_engine(module: str, engine: str) -> Any:
     """The engine's package, or one error (exit 2 from the command line) naming the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise MissingExtraError(f"{engine} is not installed (needed for this artifact): {INSTALL_DEPLOY}") from None
+    return import_optional(module, f"{engine} is not installed (needed for this artifact): {INSTALL_DEPLOY}")
 
 
 def installed_version(distribution: str) -> str:
@@ -62,19 +57,20 @@ def batch_error(name: str, case: str, batch: dict[str, Tensor], error: BaseExcep
     )
 
 
-def shape_conflict(expected: dict[str, list[int | None]], batch: dict[str, Any]) -> str | None:
-    """Which fed input (a tensor or array by name) a graph's fixed sizes refuse (`expected`: name -> dims, None where
-    free), or None."""
+def check_shapes(expected: dict[str, list[int | None] | None], batch: dict[str, Any]) -> None:
+    """One ArtifactError naming the fed input (a tensor or array by name) that a graph's fixed sizes refuse
+    (`expected`: name -> dims, None where free; None for an input of free rank), where one is refused."""
     for name, dims in expected.items():
-        got = list(batch[name].shape) if name in batch else None
-        if got is None or (len(dims) == len(got) and all(d is None or d == g for d, g in zip(dims, got, strict=True))):
+        if dims is None or name not in batch:
+            continue
+        got = list(batch[name].shape)
+        if len(dims) == len(got) and all(d is None or d == g for d, g in zip(dims, got, strict=True)):
             continue
         shown = ", ".join("?" if d is None else str(d) for d in dims)
-        return (
+        raise ArtifactError(
             f"{name} expects shape [{shown}], got {got} (an export with fixed sizes: export with dynamic batch and "
             f"sequence axes)"
-        )
-    return None
+        ) from None
 
 
 def check_inputs(path: Path, names: list[str]) -> None:
@@ -173,15 +169,14 @@ class ArtifactEngine:
         """The outputs, as float32 tensors of the shapes a BERT encoder gives, or one error saying what was expected
         (the caller names the artifact and the batch: `batch_error`)."""
         rows, sequence = batch["input_ids"].shape
-        hidden_size = self.hidden_size
         last = outputs["last_hidden_state"]
-        if tuple(last.shape) != (rows, sequence, hidden_size):
+        if tuple(last.shape) != (rows, sequence, self.hidden_size):
             raise ArtifactError(
                 f"last_hidden_state of shape {tuple(last.shape)} for a batch of {rows} x {sequence} tokens; expected "
-                f"({rows}, {sequence}, {hidden_size}) from an encoder of this model"
+                f"({rows}, {sequence}, {self.hidden_size}) from an encoder of this model"
             )
         pooler = outputs.get("pooler_output")
-        if pooler is not None and tuple(pooler.shape) != (rows, hidden_size):
+        if pooler is not None and tuple(pooler.shape) != (rows, self.hidden_size):
             outputs.pop("pooler_output")  # another second output (not a pooler): not compared
         return {name: value.float() for name, value in outputs.items()}
 
@@ -212,10 +207,9 @@ def weight_precision(counts: dict[str, int]) -> str:
 
 def reduced_weights_cause(engine: ArtifactEngine) -> str | None:
     """The likely cause of a failing artifact whose weights are stored as fp16 or bf16, whatever precision ran."""
-    reduced = [kind for kind in engine.weights.split(", ") if kind in REDUCED_FLOATS]
-    if not reduced:
+    kind = next((kind for kind in engine.weights.split(", ") if kind in REDUCED_FLOATS), None)
+    if kind is None:
         return None
-    kind = reduced[0]
     bits = REDUCED_FLOATS[kind]
     mixed = f" (stored: {engine.weights})" if engine.weights != kind else ""
     return (
@@ -223,6 +217,44 @@ def reduced_weights_cause(engine: ArtifactEngine) -> str | None:
         f"{2.0**-bits:.1e}, float32's 6.0e-08) before the {engine.precision} arithmetic ran; "
         f"{engine.weights_remedy or 'store them in float32'}, or judge it with --artifact-bound"
     )
+
+
+@functools.cache
+def with_pooler(masked_lm_class: type, pooler_class: type) -> type:
+    """`masked_lm_class` (hfbert's or transformers' BertForMaskedLM) whose backbone has the checkpoint's pooler too.
+    Both libraries build BertForMaskedLM without one (add_pooling_layer=False); with it, one masked-LM model gives
+    every row, the pooler computed by its own BertModel.forward, as a BertModel with a pooler computes it."""
+
+    class WithPooler(masked_lm_class):
+        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(config, *args, **kwargs)
+            self.bert.pooler = pooler_class(self.config)
+
+    WithPooler.__name__ = WithPooler.__qualname__ = f"{masked_lm_class.__name__}WithPooler"
+    return WithPooler
+
+
+class ModelSpec(NamedTuple):
+    """Which model hfbert and transformers load alike, and how it runs: the masked-LM model when the checkpoint has
+    that head (its backbone with the checkpoint's pooler where it has one: `with_pooler`), else the backbone."""
+
+    has_mlm_head: bool
+    has_pooler: bool
+    dtype: torch.dtype
+    device: str
+    attn: str
+
+    def model_class(self, masked_lm: type, backbone: type, pooler: type) -> tuple[type, dict[str, Any]]:
+        """The class to load, of one library's masked-LM model, backbone and pooler, and its loading options."""
+        if not self.has_mlm_head:
+            return backbone, {"add_pooling_layer": self.has_pooler}
+        return (with_pooler(masked_lm, pooler) if self.has_pooler else masked_lm), {}
+
+    def engine(self, model: Any) -> TorchEngine:
+        """`model`, of `model_class`, as the comparison calls it."""
+        if self.has_mlm_head:
+            return TorchEngine(model, model.bert, model.cls.predictions)
+        return TorchEngine(model, model, None)
 
 
 class TorchEngine(NamedTuple):

@@ -22,15 +22,8 @@ import torch
 from torch import Tensor
 
 from converters.json_files import read_json_object
-from hfbert.tools.extras import MissingExtraError
-from hfbert.tools.parity.engines.base import (
-    INSTALL_DEPLOY,
-    ArtifactEngine,
-    ArtifactError,
-    installed_version,
-    reason_of,
-    weight_precision,
-)
+from hfbert.tools.parity.engines import base
+from hfbert.tools.parity.engines.base import ArtifactError
 
 NAME = "CTranslate2"
 
@@ -45,21 +38,17 @@ def import_ctranslate2() -> Any:
     Its wheel bundles a copy of libgomp, but imported plainly its library binds its OpenMP calls to the libgomp that
     torch already made global in the process (LD_DEBUG=bindings shows `GOMP_parallel` bound to torch's copy). One
     runtime then manages torch's thread pool and CTranslate2's: more threads than cores, so libgomp stops spinning
-    between parallel regions (its throttled spin count) and every torch kernel in the process, hfbert's and
-    transformers', sleeps and wakes at each one: hfbert 1 x 16 took 23 ms before CTranslate2's first call and 46 ms
-    after it (48,000 context switches in 40 calls against none). RTLD_DEEPBIND makes CTranslate2's libraries look
-    in their own dependencies first, so it gets its own libgomp and torch's stays torch's (23 ms after, and
-    CTranslate2 itself is no slower)."""
-    if "ctranslate2" not in sys.modules:
-        flags = sys.getdlopenflags()
-        sys.setdlopenflags(flags | getattr(os, "RTLD_DEEPBIND", 0))
-        try:
-            import ctranslate2  # noqa: F401
-        except ImportError:
-            raise MissingExtraError(f"{NAME} is not installed (needed for this artifact): {INSTALL_DEPLOY}") from None
-        finally:
-            sys.setdlopenflags(flags)
-    return sys.modules["ctranslate2"]
+    between parallel regions and every torch kernel in the process, hfbert's and transformers', sleeps and wakes at
+    each one (twice as slow after CTranslate2's first call). RTLD_DEEPBIND makes CTranslate2's libraries look in
+    their own dependencies first, so it gets its own libgomp and torch's stays torch's."""
+    if "ctranslate2" in sys.modules:
+        return sys.modules["ctranslate2"]
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(flags | getattr(os, "RTLD_DEEPBIND", 0))
+    try:
+        return base.import_engine("ctranslate2", NAME)
+    finally:
+        sys.setdlopenflags(flags)
 
 
 @contextmanager
@@ -125,7 +114,7 @@ CHOICES = ("Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S8 backend", 
 
 def load(
     path: Path, hidden_size: int, threads: int, precision: str = "f32", compute_type: str = "default"
-) -> ArtifactEngine:
+) -> base.ArtifactEngine:
     """`precision` is OpenVINO's hint, not CTranslate2's: it runs `compute_type`, by default the type it was converted
     to (a benchmark asks for "int8" of a float32 model, quantized at load)."""
     ctranslate2 = import_ctranslate2()
@@ -137,12 +126,12 @@ def load(
             encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type=compute_type, intra_threads=threads)
             lines = log()
     except Exception as error:
-        reason = reason_of(error)
+        reason = base.reason_of(error)
         raise ArtifactError(
             f"{path}: CTranslate2 cannot load it as an encoder ({reason}); expected a BERT encoder"
         ) from None
     chosen = "; ".join(line.rsplit("] ", 1)[-1].strip(" -") for line in lines if any(c in line for c in CHOICES))
-    weights, ran = weight_precision(stored_values(path / "model.bin")), str(encoder.compute_type)
+    weights, ran = base.weight_precision(stored_values(path / "model.bin")), str(encoder.compute_type)
     notes = [chosen] if chosen else []
     if weights and "fp32" not in weights and "float32" in ran:
         supported = ", ".join(sorted(ctranslate2.get_supported_compute_types("cpu")))
@@ -165,10 +154,10 @@ def load(
             named["pooler_output"] = torch.from_numpy(numpy.array(output.pooler_output))
         return named
 
-    return ArtifactEngine(
+    return base.ArtifactEngine(
         path=path,
         engine=NAME,
-        version=installed_version("ctranslate2"),
+        version=base.installed_version("ctranslate2"),
         precision=ran,
         inputs=("input_ids", "attention_mask", "token_type_ids"),
         hidden_size=hidden_size,

@@ -11,17 +11,8 @@ import numpy
 import torch
 from torch import Tensor
 
-from hfbert.tools.parity.engines.base import (
-    ArtifactEngine,
-    ArtifactError,
-    check_hidden_size,
-    check_inputs,
-    import_engine,
-    installed_version,
-    reason_of,
-    shape_conflict,
-    weight_precision,
-)
+from hfbert.tools.parity.engines import base
+from hfbert.tools.parity.engines.base import ArtifactError
 
 NAME = "ONNX Runtime"
 # Operators that compute GELU's tanh approximation instead of erf (ORT's optimizer writes FastGelu with
@@ -57,7 +48,10 @@ def graph_facts(path: Path) -> dict[str, Any]:
             approximate.append("Gelu(approximate='tanh')")
     int8 = sorted(operators & set(INT8_OPERATORS))
     float16 = any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in model.graph.initializer)
-    facts: dict[str, Any] = {"operators": sorted(operators), "weights": weight_precision(_stored_values(onnx, model))}
+    facts: dict[str, Any] = {
+        "operators": sorted(operators),
+        "weights": base.weight_precision(_stored_values(onnx, model)),
+    }
     if approximate:
         facts["approximate_gelu"] = approximate
     if int8:
@@ -90,8 +84,8 @@ def _stored_values(onnx: Any, model: Any) -> dict[str, int]:
     return counts
 
 
-def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
-    onnxruntime = import_engine("onnxruntime", NAME)
+def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> base.ArtifactEngine:
+    onnxruntime = base.import_engine("onnxruntime", NAME)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     # No warnings about unused initializers on stderr, nor error lines: every error reaches the report as an exception.
@@ -99,12 +93,12 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     try:
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:
-        reason = reason_of(error)
+        reason = base.reason_of(error)
         raise ArtifactError(
             f"{path}: ONNX Runtime cannot load it as a model ({reason}); expected a BERT encoder graph"
         ) from None
     inputs = [node.name for node in session.get_inputs()]
-    check_inputs(path, inputs)
+    base.check_inputs(path, inputs)
     outputs = session.get_outputs()
     names = [node.name for node in outputs]
     last = "last_hidden_state" if "last_hidden_state" in names else names[0]
@@ -113,7 +107,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         raise ArtifactError(
             f"{path}: output {last!r} has {len(shape)} dimensions; expected last_hidden_state (batch, sequence, hidden)"
         )
-    check_hidden_size(path, shape[-1], hidden_size, last)
+    base.check_hidden_size(path, shape[-1], hidden_size, last)
     kinds = {"tensor(int64)": numpy.int64, "tensor(int32)": numpy.int32}
     types = {}
     for node in session.get_inputs():
@@ -134,9 +128,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         try:
             values = session.run(wanted, arrays)
         except Exception as error:
-            conflict = shape_conflict(fixed, arrays)
-            if conflict is not None:
-                raise ArtifactError(conflict) from None
+            base.check_shapes(fixed, arrays)
             # "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node.
             # Name:'...' Status Message: ...": the node and its message, which the prefix would push past a line.
             failed = NODE_FAILURE.search(str(error))
@@ -146,10 +138,10 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         named = ("last_hidden_state", "pooler_output")
         return {name: torch.from_numpy(numpy.asarray(value)) for name, value in zip(named, values, strict=False)}
 
-    return ArtifactEngine(
+    return base.ArtifactEngine(
         path=path,
         engine=NAME,
-        version=installed_version("onnxruntime"),
+        version=base.installed_version("onnxruntime"),
         precision=precision_ran,
         inputs=tuple(inputs),
         hidden_size=hidden_size,

@@ -12,17 +12,8 @@ import numpy
 import torch
 from torch import Tensor
 
-from hfbert.tools.parity.engines.base import (
-    ArtifactEngine,
-    ArtifactError,
-    check_hidden_size,
-    check_inputs,
-    import_engine,
-    installed_version,
-    reason_of,
-    shape_conflict,
-    weight_precision,
-)
+from hfbert.tools.parity.engines import base
+from hfbert.tools.parity.engines.base import ArtifactError
 
 NAME = "OpenVINO"
 
@@ -37,20 +28,21 @@ def graph_facts(model: Any) -> dict[str, Any]:
     values: "fp16" for an IR saved with save_model's default compress_to_fp16=True), from the IR's operations."""
     facts: dict[str, Any] = {}
     types: Counter = Counter()
+    constants: Counter = Counter()  # values per element type
     for operation in model.get_ordered_ops():
         kind = operation.get_type_name()
         types[kind] += 1
         if kind == "Constant":
             element = operation.get_element_type().get_type_name()
-            facts.setdefault("constants", Counter())[element] += int(numpy.prod(list(operation.get_output_shape(0))))
+            constants[element] += int(numpy.prod(list(operation.get_output_shape(0))))
+            if element in ("i8", "u8", "i4", "u4"):
+                facts["int8"] = ["int8 weights"]
         if kind == "Gelu" and str(operation.get_attributes().get("approximation_mode", "")).upper() == "TANH":
             facts.setdefault("approximate_gelu", []).append("Gelu(approximation_mode=TANH)")
-        if kind == "Constant" and operation.get_element_type().get_type_name() in ("i8", "u8", "i4", "u4"):
-            facts["int8"] = ["int8 weights"]
         if kind == "FakeQuantize":
             facts["int8"] = ["FakeQuantize"]
     facts["operators"] = sorted(types)
-    facts["weights"] = weight_precision(facts.pop("constants", {}))
+    facts["weights"] = base.weight_precision(constants)
     if "approximate_gelu" in facts:
         facts["approximate_gelu"] = sorted(set(facts["approximate_gelu"]))
     return facts
@@ -72,26 +64,26 @@ def _dims(shape: Any) -> list[int | None] | None:
     return [dim.get_length() if dim.is_static else None for dim in shape]
 
 
-def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> ArtifactEngine:
-    openvino = import_engine("openvino", NAME)
+def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> base.ArtifactEngine:
+    openvino = base.import_engine("openvino", NAME)
     core = openvino.Core()
     try:
         model = core.read_model(str(path))
     except Exception as error:
-        reason = reason_of(error)
+        reason = base.reason_of(error)
         raise ArtifactError(f"{path}: OpenVINO cannot read it as an IR ({reason}); expected a BERT encoder") from None
     try:
         inputs = [port.get_any_name() for port in model.inputs]
     except RuntimeError:
         raise ArtifactError(f"{path}: an input without a name; expected named BERT inputs") from None
-    check_inputs(path, inputs)
+    base.check_inputs(path, inputs)
     output_names = [sorted(port.get_names()) for port in model.outputs]
     index = next((i for i, names in enumerate(output_names) if "last_hidden_state" in names), 0)
     shape = model.outputs[index].get_partial_shape()
     if shape.rank.is_static and shape.rank.get_length() != 3:
         raise ArtifactError(f"{path}: its first output has rank {shape.rank}; expected (batch, sequence, hidden)")
     if shape.rank.is_static and shape[2].is_static:
-        check_hidden_size(path, shape[2].get_length(), hidden_size)
+        base.check_hidden_size(path, shape[2].get_length(), hidden_size)
     pooler = next((i for i, names in enumerate(output_names) if "pooler_output" in names), None)
     properties: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if precision != "default":
@@ -100,8 +92,7 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     try:
         compiled = core.compile_model(model, "CPU", properties)
     except Exception as error:
-        reason = reason_of(error)
-        raise ArtifactError(f"{path}: OpenVINO cannot compile it for the CPU ({reason})") from None
+        raise ArtifactError(f"{path}: OpenVINO cannot compile it for the CPU ({base.reason_of(error)})") from None
     ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     request = compiled.create_infer_request()
     ports = {port.get_any_name(): port for port in compiled.inputs}
@@ -116,10 +107,8 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
         try:
             results = request.infer({ports[name]: array for name, array in arrays.items()})
         except Exception:
-            conflict = shape_conflict({name: dims for name, dims in fixed.items() if dims is not None}, arrays)
-            if conflict is None:
-                raise
-            raise ArtifactError(conflict) from None
+            base.check_shapes(fixed, arrays)
+            raise
         named = {"last_hidden_state": torch.from_numpy(numpy.array(results[compiled.outputs[index]]))}
         if pooler is not None:
             named["pooler_output"] = torch.from_numpy(numpy.array(results[compiled.outputs[pooler]]))
@@ -128,10 +117,10 @@ def load(path: Path, hidden_size: int, threads: int, precision: str = "f32") -> 
     hint = f"precision hint {precision}" if precision != "default" else "no precision hint (the CPU's default)"
     int8 = " (int8 weights)" if "int8" in facts else ""
     weights = facts.pop("weights")
-    return ArtifactEngine(
+    return base.ArtifactEngine(
         path=path,
         engine=NAME,
-        version=installed_version("openvino"),
+        version=base.installed_version("openvino"),
         precision=f"{ran}{int8}",
         inputs=tuple(inputs),
         hidden_size=hidden_size,
