@@ -224,7 +224,12 @@ def test_compiled_int8_path_runs_roberta_positions(tmp_path):
     reference, _, directory = checkpoint(tmp_path, "roberta", "Model", **SMALL)
     eager = optimize_for_inference(hfbert.RobertaModel.from_pretrained(directory), quantize="int8")
     compiled = optimize_for_inference(hfbert.RobertaModel.from_pretrained(directory), quantize="int8", compile=True)
-    inputs = batch("right")
+    # Four rows of 13 to 16 tokens: the padded 4 x 16 shape is mostly real, so the call runs compiled (MIN_FILL).
+    input_ids = torch.randint(3, 500, (4, 16), generator=torch.Generator().manual_seed(0))
+    input_ids[:, 0] = 0
+    for row, length in enumerate((16, 13, 15, 14)):
+        input_ids[row, length - 1], input_ids[row, length:] = 2, PAD
+    inputs = {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long()}
     with torch.no_grad():
         expected = reference(**inputs).last_hidden_state
         ours, theirs = compiled(**inputs).last_hidden_state, eager(**inputs).last_hidden_state
