@@ -212,11 +212,11 @@ def embed_command(arguments: argparse.Namespace) -> None:
 def fill_mask_command(arguments: argparse.Namespace) -> None:
     import json
 
-    from hfbert.modeling.heads import BertForMaskedLM
+    from hfbert.modeling.auto import AutoModelForMaskedLM
     from hfbert.modeling.tokenizer import AutoTokenizer
 
     directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
-    model, info = BertForMaskedLM.from_pretrained(
+    model, info = AutoModelForMaskedLM.from_pretrained(  # the family's: BertForMaskedLM, XLMRobertaForMaskedLM, ...
         directory,
         device=arguments.device,
         dtype=arguments.dtype,
@@ -224,7 +224,10 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
         ignore_auto_map=arguments.ignore_auto_map,
     )
     if info["report"].new_head:
-        raise ValueError(f"{arguments.model}: the checkpoint has no masked-LM head (no cls.predictions.* tensors)")
+        from converters.key_map import LM_HEAD, MLM_HEAD
+
+        head = next(prefix for prefix in model.key_layout.heads if prefix in (MLM_HEAD, LM_HEAD))
+        raise ValueError(f"{arguments.model}: the checkpoint has no masked-LM head (no {head}* tensors)")
     tokenizer = AutoTokenizer.from_pretrained(directory)
     predictions = model.fill_mask(arguments.text, tokenizer, top_k=arguments.top_k)
     if arguments.json:
@@ -551,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill_mask = _command(
         commands,
         "fill-mask",
-        "top-k tokens for the [MASK] in a text",
+        "top-k tokens for the mask token in a text ([MASK]; RoBERTa's <mask>)",
         "hfbert fill-mask google-bert/bert-base-uncased 'Paris is the [MASK] of France.'",
         "hfbert fill-mask ./my-mlm 'A [MASK] day.' --top-k 10 --json",
     )

@@ -197,7 +197,7 @@ def test_swap_keeps_parameter_objects_frozen_flags_and_mode():
 
 
 @pytest.mark.parametrize(
-    ("architecture", "task"), [("RobertaModel", "feature-extraction"), ("BertForMaskedLM", "fill-mask")]
+    ("architecture", "task"), [("RobertaForMaskedLM", "fill-mask"), ("BertForMaskedLM", "fill-mask")]
 )
 def test_rejects_a_backbone_that_is_not_a_bert_encoder(tmp_path: Path, architecture: str, task: str):
     """Another architecture, or BERT with a task head: a clear ValueError, and the model is left as it was."""

@@ -4,7 +4,9 @@ Canonical means what transformers' own `save_pretrained` writes: `config.json`, 
 `model-0000i-of-0000n.safetensors` shards and `model.safetensors.index.json`), LayerNorm `weight` / `bias`
 names, no legacy buffers, no wrappers, the tied MLM decoder weight not stored (it is the word embeddings).
 A backbone-only source is written as transformers' `BertModel` stores it (no prefix); a source with task heads
-keeps them, with the backbone under `bert.`, as `BertFor...` models store it. Tokenizer files are copied, and for
+keeps them, with the backbone under `bert.`, as `BertFor...` models store it. RoBERTa, XLM-RoBERTa and CamemBERT
+(config.json's model_type) are written as their transformers classes store them: `roberta.`, `lm_head.`,
+`classifier.dense / out_proj`, the tied `lm_head.decoder` not stored. Tokenizer files are copied, and for
 a backbone the sentence-transformers files too (modules.json, 1_Pooling/, ...: `SentenceTransformer(destination)`
 keeps the source's pooling and Normalize).
 
@@ -31,10 +33,11 @@ from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.json_files import read_json_object
-from converters.key_map import BACKBONE_PREFIX, TIED_DECODER, head_of, normalize_name
+from converters.key_map import LAYOUTS, head_of, normalize_name
 from converters.loading import (
     check_auto_map,
     check_cast,
+    check_family,
     check_requested_dtype,
     match_checkpoint,
     non_finite,
@@ -52,32 +55,36 @@ def canonical_tensors(
     `auto_map` sends the model to custom code is refused, as `from_pretrained` refuses it; with `ignore_auto_map`
     it converts as plain BERT and the written config keeps only a tokenizer's `auto_map` entries (the model's code
     is not copied: the result is a plain BERT checkpoint)."""
-    from hfbert.modeling.model import BertModel
+    from hfbert.modeling.auto import model_class
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
     if not ignore_auto_map:
         check_auto_map(config.to_dict().get("auto_map"), str(directory / CONFIG_FILE))
     checkpoint = read_checkpoint(directory)
+    encoder, layout = model_class(config), LAYOUTS[config.model_type]
+    check_family(encoder, config, checkpoint)
     with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in BertModel(config).state_dict().items()}
-    backbone, report = match_checkpoint(checkpoint, expected, config.max_position_embeddings, str(directory))
+        expected = {name: tuple(t.shape) for name, t in encoder(config).state_dict().items()}
+    backbone, report = match_checkpoint(
+        checkpoint, expected, config.max_position_embeddings, str(directory), layout=layout
+    )
     if report.missing == ["pooler.dense.weight", "pooler.dense.bias"]:
         report.missing = []  # a checkpoint without pooler is a valid BertModel(add_pooling_layer=False)
     if report.problems:
         raise CheckpointError(f"{directory}: cannot convert: " + "; ".join(report.problems[:5]))
 
-    normalized = {normalize_name(name): tensor for name, tensor in checkpoint.tensors.items()}
+    normalized = {normalize_name(name, layout): tensor for name, tensor in checkpoint.tensors.items()}
     heads: dict[str, Tensor] = {}
     for name, tensor in normalized.items():
-        if head_of(name) is None:
+        if head_of(name, layout) is None:
             continue  # backbone tensors and legacy buffers were handled by match_checkpoint
-        partner = normalized.get(TIED_DECODER.get(name, ""))
+        partner = normalized.get(layout.tied_decoder.get(name, ""))
         if partner is not None and torch.equal(partner, tensor):
             continue
         heads[name] = tensor
     allowed = head_shapes(config)
-    check_heads(heads, allowed, directory)
-    prefix = BACKBONE_PREFIX if heads else ""
+    check_heads(heads, allowed, directory, config.model_type)
+    prefix = layout.prefix if heads else ""
     # In the order of the model's state_dict, as transformers saves a model (the shards it cuts follow that order),
     # not in the source file's (safetensors stores names sorted).
     tensors = {prefix + name: backbone[name] for name in expected if name in backbone}
@@ -91,28 +98,34 @@ def canonical_tensors(
 
 
 def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
-    """Every task-head tensor name transformers' BERT models store, with the shapes `config` allows for it (a
-    `classifier` is (num_labels, hidden) in sequence / token classification, (1, hidden) in multiple choice)."""
-    from hfbert.modeling import heads
+    """Every task-head tensor name transformers' models of `config`'s family store, with the shapes `config` allows
+    for it (a `classifier` is (num_labels, hidden) in sequence / token classification, (1, hidden) in multiple
+    choice; RoBERTa's sequence classifier is `classifier.dense` + `classifier.out_proj`)."""
+    from hfbert.modeling.auto import MODEL_CLASSES
 
+    layout = LAYOUTS[config.model_type]
     shapes: dict[str, set[tuple[int, ...]]] = {}
-    classes = (heads.BertForPreTraining, heads.BertForSequenceClassification, heads.BertForMultipleChoice)
     with torch.device("meta"), skipped_initialisation():
-        for model_class in (*classes, heads.BertForQuestionAnswering):
+        for task, model_class in MODEL_CLASSES[config.model_type].items():
+            if task == "model":
+                continue
             model = model_class(config)
             for name, tensor in model.state_dict().items():
-                if head_of(name) is not None:
+                if head_of(name, layout) is not None:
                     shapes.setdefault(name, set()).add(tuple(tensor.shape))
     return shapes
 
 
-def check_heads(heads: dict[str, Tensor], allowed: dict[str, set[tuple[int, ...]]], directory: Path) -> None:
+def check_heads(
+    heads: dict[str, Tensor], allowed: dict[str, set[tuple[int, ...]]], directory: Path, model_type: str = "bert"
+) -> None:
     """Task-head tensors get the backbone's checks: a known name, a shape config.json implies (`allowed`, from
     `head_shapes`), a floating-point dtype the kernels run, finite values; `CheckpointError` listing what fails."""
     problems = []
+    family = "BERT" if model_type == "bert" else model_type
     for name, tensor in heads.items():
         if name not in allowed:
-            problems.append(f"unknown tensor '{name}' (no BERT head has it)")
+            problems.append(f"unknown tensor '{name}' (no {family} head has it)")
         elif tuple(tensor.shape) not in allowed[name]:
             expected = " or ".join(str(shape) for shape in sorted(allowed[name]))
             problems.append(f"'{name}' has shape {tuple(tensor.shape)}; config.json implies {expected}")
@@ -156,7 +169,8 @@ def convert(
     check_requested_dtype(dtype)
     directory = resolve_checkpoint(source, include_tokenizer=True, include_sentence_transformers=True)
     tensors, config_values = canonical_tensors(directory, dtype, ignore_auto_map=ignore_auto_map)
-    backbone = not any(name.startswith(BACKBONE_PREFIX) for name in tensors)  # no task heads: a BertModel
+    prefix = LAYOUTS[config_values.get("model_type", "bert")].prefix
+    backbone = not any(name.startswith(prefix) for name in tensors)  # no task heads: a BertModel, RobertaModel
     with atomic_directory(destination) as temporary:
         written = write_safetensors(tensors, temporary, max_shard_size)
         (temporary / CONFIG_FILE).write_text(json.dumps(config_values, indent=2) + "\n", encoding="utf-8")

@@ -73,7 +73,7 @@ class Embedder:
     ) -> None:
         from converters.hub import resolve_checkpoint
         from hfbert.inference import optimize_for_inference
-        from hfbert.modeling.model import BertModel
+        from hfbert.modeling.auto import AutoModel
         from hfbert.modeling.tokenizer import AutoTokenizer
 
         modes = None if pooling is None else (pooling,) if isinstance(pooling, str) else tuple(pooling)
@@ -94,7 +94,7 @@ class Embedder:
             )
         )
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        self.model = BertModel.from_pretrained(
+        self.model = AutoModel.from_pretrained(  # the family's encoder: BertModel, XLMRobertaModel, ...
             directory,
             device=device,
             dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype,
@@ -105,7 +105,7 @@ class Embedder:
         # a no-op off x86 CPUs) or, when asked, quantized to int8.
         optimize_for_inference(self.model, quantize=quantize)
         config = self.model.config
-        limit = config.max_position_embeddings
+        limit = config.max_sequence_length  # RoBERTa's: max_position_embeddings - pad_token_id - 1
         self.pipeline = read_pipeline(directory, config.hidden_size, limit, self.tokenizer.model_max_length)
         if self.pipeline.do_lower_case:  # inside the tokenizer, after special tokens, as sentence-transformers 6
             self.tokenizer.lowercase_first()
@@ -135,7 +135,7 @@ class Embedder:
             pipeline.overrides.append("Normalize" if normalize else "no Normalize")
         if max_length is not None:
             if not 1 <= max_length <= limit:
-                raise ValueError(f"max_length must be in [1, {limit}] (max_position_embeddings), got {max_length}")
+                raise ValueError(f"max_length must be in [1, {limit}] (the model's longest input), got {max_length}")
             if max_length != pipeline.max_length:
                 pipeline.max_length = max_length
                 pipeline.overrides.append(f"max_length {max_length}")

@@ -17,7 +17,7 @@ from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sha256_of
-from converters.key_map import map_key
+from converters.key_map import LAYOUTS, map_key
 from converters.loading import check_auto_map
 
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
@@ -25,8 +25,8 @@ _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 _NO_LIMIT_ABOVE = 10**20
 # The config fields `summary` reports, in the order `describe` prints them.
 _CONFIG_FIELDS = (
-    "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-    "max_position_embeddings", "type_vocab_size", "hidden_act",
+    "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+    "max_position_embeddings", "max_sequence_length", "type_vocab_size", "hidden_act",
 )  # fmt: skip
 
 
@@ -50,8 +50,10 @@ def summary(directory: Path) -> dict[str, Any]:
     tensors = []
     counts = {"backbone": 0, "heads": 0}
     seen_storage = set()  # a .bin may store the tied decoder weight as a view of the word embeddings
+    limit_name = "longest input" if config.positions_after_padding else "max_position_embeddings"
+    layout = LAYOUTS[config.model_type]  # RoBERTa's `roberta.` prefix and `lm_head.` / `classifier.` heads
     for name, tensor in checkpoint.tensors.items():
-        mapped = map_key(name)
+        mapped = map_key(name, layout=layout)
         action = {
             "loaded": "loaded as is",
             "renamed": f"renamed -> {mapped.target}",
@@ -76,7 +78,7 @@ def summary(directory: Path) -> dict[str, Any]:
         "checkpoint": str(directory),
         "config": {key: getattr(config, key) for key in _CONFIG_FIELDS},
         "custom_code": custom_code,
-        "tokenizer": tokenizer_summary(directory, config.vocab_size, config.max_position_embeddings),
+        "tokenizer": tokenizer_summary(directory, config.vocab_size, config.max_sequence_length, limit_name),
         "files": files,
         "tensors": tensors,
         "parameters": {**counts, "total": counts["backbone"] + counts["heads"]},
@@ -88,10 +90,13 @@ def describe_files(files: list[Path]) -> list[dict[str, Any]]:
     return [{"name": file.name, "bytes": file.stat().st_size, "sha256": sha256_of(file)} for file in files]
 
 
-def tokenizer_summary(directory: Path, vocab_size: int, max_positions: int) -> dict[str, Any] | None:
+def tokenizer_summary(
+    directory: Path, vocab_size: int, max_positions: int, limit_name: str = "max_position_embeddings"
+) -> dict[str, Any] | None:
     """The tokenizer in `directory` as hfbert builds it, and what in it does not fit the model (`problems`): ids
     past `vocab_size` (special tokens named first: every text has them), a `model_max_length` past the position
-    embeddings, or why it cannot be built. None when the folder has no tokenizer file."""
+    embeddings (`max_positions`: the longest input, RoBERTa's `max_position_embeddings - pad_token_id - 1`), or
+    why it cannot be built. None when the folder has no tokenizer file."""
     from hfbert.modeling.tokenizer import AutoTokenizer
 
     files = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
@@ -117,7 +122,7 @@ def tokenizer_summary(directory: Path, vocab_size: int, max_positions: int) -> d
         )
     if facts["model_max_length"] is not None and limit > max_positions:
         problems.append(
-            f"model_max_length {limit} is more than the model's max_position_embeddings {max_positions}: texts "
+            f"model_max_length {limit} is more than the model's {limit_name} {max_positions}: texts "
             "truncated to it can be longer than the model takes"
         )
     return {**facts, "problems": problems}
@@ -128,9 +133,10 @@ def describe(directory: Path) -> str:
     c = facts["config"]
     lines = [
         f"checkpoint  {directory}",
-        f"config      {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+        f"config      {c['model_type']}, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
         f"{c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
-        f"positions {c['max_position_embeddings']}, token types {c['type_vocab_size']}, {c['hidden_act']}",
+        f"positions {c['max_position_embeddings']} (longest input {c['max_sequence_length']}), "
+        f"token types {c['type_vocab_size']}, {c['hidden_act']}",
     ]
     if facts["custom_code"] is not None:
         entries = facts["custom_code"]["auto_map"]

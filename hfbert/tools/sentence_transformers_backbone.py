@@ -1,8 +1,9 @@
 """hfbert as the encoder of a `sentence_transformers.SentenceTransformer` (sentence-transformers 6.x).
 
 sentence-transformers keeps the Hugging Face encoder in the `model` attribute of its `Transformer` module (also
-read as `auto_model`). `use_hfbert_backbone` puts an `hfbert.BertModel` there in place of the
-`transformers.BertModel`, built on the very same weight tensors (no copy, same device and dtype). Tokenization,
+read as `auto_model`). `use_hfbert_backbone` puts hfbert's encoder of the same family there (`hfbert.BertModel`,
+`hfbert.RobertaModel`, `hfbert.XLMRobertaModel`, ...: config.json's model_type picks it) in place of transformers'
+one, built on the very same weight tensors (no copy, same device and dtype). Tokenization,
 truncation at `max_seq_length`, pooling, normalisation, batching and `encode` stay sentence-transformers' own.
 
     >>> from hfbert.tools.sentence_transformers_backbone import sentence_transformer_with_hfbert
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION
+from hfbert.modeling.auto import MODEL_CLASSES, model_class
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.model import BertModel
 
@@ -49,26 +51,28 @@ def sentence_transformer_with_hfbert(
 
 
 def use_hfbert_backbone(model: SentenceTransformer, *, attn_implementation: str | None = None) -> SentenceTransformer:
-    """Replace, in place, the `transformers.BertModel` of every `Transformer` module of `model` by an
-    `hfbert.BertModel` holding the same parameters; return `model`.
+    """Replace, in place, transformers' encoder (`BertModel`, `RobertaModel`, `XLMRobertaModel`,
+    `CamembertModel`) of every `Transformer` module of `model` by hfbert's encoder of the same family, holding the
+    same parameters; return `model`.
 
     `attn_implementation` ("sdpa" or "eager") defaults to the one transformers was using when hfbert has it.
-    Raises ValueError, before changing anything, when a `Transformer` module holds anything but a BERT encoder
+    Raises ValueError, before changing anything, when a `Transformer` module holds anything but such an encoder
     (another architecture, a task head such as BertForMaskedLM, an ONNX or OpenVINO backend) or there is none.
     Calling it again is a no-op.
     """
     from sentence_transformers.base.modules import Transformer
-    from transformers import BertModel as TransformersBertModel
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     modules = [module for module in model.modules() if isinstance(module, Transformer)]
     if not modules:
         raise ValueError("this SentenceTransformer has no Transformer module: there is no backbone to replace")
+    encoders = {MODEL_MAPPING_NAMES[model_type] for model_type in MODEL_CLASSES}
     for module in modules:
-        if not isinstance(module.model, (TransformersBertModel, BertModel)):
+        if not isinstance(module.model, BertModel) and type(module.model).__name__ not in encoders:
             model_type = getattr(getattr(module.model, "config", None), "model_type", None)
             raise ValueError(
-                f"hfbert can only replace a transformers BertModel backbone; this Transformer module holds a "
-                f"{type(module.model).__name__} (model_type {model_type!r})"
+                f"hfbert can only replace a transformers {', '.join(sorted(encoders))} backbone; this Transformer "
+                f"module holds a {type(module.model).__name__} (model_type {model_type!r})"
             )
     for module in modules:
         if not isinstance(module.model, BertModel):
@@ -77,14 +81,15 @@ def use_hfbert_backbone(model: SentenceTransformer, *, attn_implementation: str 
 
 
 def _hfbert_from_transformers(encoder: torch.nn.Module, attn_implementation: str | None) -> BertModel:
-    """An `hfbert.BertModel` that takes over `encoder`'s parameters (and its training mode)."""
+    """hfbert's encoder of `encoder`'s family (`hfbert.BertModel`, `hfbert.XLMRobertaModel`, ...) that takes over
+    `encoder`'s parameters (and its training mode)."""
     if attn_implementation is None:
         attn_implementation = getattr(encoder.config, "_attn_implementation", None)
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             attn_implementation = DEFAULT_ATTENTION
     config = BertConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
     with torch.device("meta"):  # no memory, no random init: the parameters are assigned below
-        backbone = BertModel(
+        backbone = model_class(config)(
             config, add_pooling_layer=encoder.pooler is not None, attn_implementation=attn_implementation
         )
     # keep_vars + assign: the very Parameter objects move over, so an optimizer built before the swap still

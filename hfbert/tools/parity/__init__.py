@@ -5,14 +5,19 @@
     >>> print(report.table()); report.passed  # doctest: +SKIP
 
 What runs: a fixed battery of real sentences (`hfbert/data/parity_sentences.txt`, or your own), tokenized with
-the checkpoint's tokenizer (`hfbert.BertTokenizer`), as five cases:
+the checkpoint's tokenizer (`hfbert.AutoTokenizer`: BERT's WordPiece, RoBERTa's byte-level BPE, XLM-R's Unigram),
+as five cases; BERT, RoBERTa, XLM-RoBERTa and CamemBERT checkpoints alike, each loaded by its family's classes
+(config.json's model_type) in both libraries:
 
 - "single": every text alone (batch of one, no padding);
-- "pairs": consecutive texts as two segments (token_type_ids 0 / 1), batched and padded right (skipped when the
-  model has a single token type);
+- "pairs": consecutive texts as two segments (token_type_ids 0 / 1; RoBERTa's `<s> A </s></s> B </s>`, one token
+  type), batched and padded right (skipped when the model has a single token type and the tokenizer gives token
+  types);
 - "right padding" and "left padding": the texts in batches of `batch_size`; with left padding both models get
-  `position_ids = cumsum(attention_mask) - 1` (clamped at 0), so real tokens start at position 0 in both;
-- "max length": one sequence exactly `max_position_embeddings` tokens long (the texts repeated, truncated).
+  `position_ids = cumsum(attention_mask) - 1` (clamped at 0), so real tokens start at position 0 in both
+  (RoBERTa's: from `pad_token_id + 1`, pads at `pad_token_id`, as its models count them);
+- "max length": one sequence exactly as long as the model takes (`max_position_embeddings`; RoBERTa's
+  `max_position_embeddings - pad_token_id - 1`), the texts repeated, truncated.
 
 The padded cases always hold padding, and "pairs" two rows of other token types: where no batch of `batch_size`
 texts does (a batch size of 1, texts of one length), one batch that does is added (`build_cases`); where the texts
@@ -20,10 +25,10 @@ cannot give one, the case is marked not exercised and the verdict is "untested",
 
 What is compared, over real (non-pad) positions only: the embeddings output and every layer's hidden state, the
 pooler (when the checkpoint has one), the attention probabilities of every layer (rows of real query tokens),
-and, when the checkpoint has a masked-LM head (`cls.predictions.*`), the MLM logits and the top-5 token ids at
-every real position. Attention probabilities exist only in the eager implementation: with `attn="sdpa"` the
-hidden states, pooler and logits come from the sdpa models and the attention rows from an extra eager call of
-both models' backbones on the same batch (marked "eager pass" in the table).
+and, when the checkpoint has a masked-LM head (`cls.predictions.*`, RoBERTa's `lm_head.*`), the MLM logits and the
+top-5 token ids at every real position. Attention probabilities exist only in the eager implementation: with
+`attn="sdpa"` the hidden states, pooler and logits come from the sdpa models and the attention rows from an extra
+eager call of both models' backbones on the same batch (marked "eager pass" in the table).
 
 How it runs: hfbert and transformers each load the checkpoint once, as the masked-LM model when it has that head
 (its backbone, with the checkpoint's pooler where there is one, gives the backbone's rows; `with_pooler`), else as

@@ -86,13 +86,20 @@ def _stack(rows: list[dict[str, Tensor]], pad_id: int, side: str) -> dict[str, T
     return {key: torch.cat([padded(row, key) for row in rows]) for key in rows[0]}
 
 
-def with_left_positions(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A left-padded batch with `position_ids = cumsum(attention_mask) - 1` (clamped at 0): real tokens from 0."""
-    return {**batch, "position_ids": (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)}
+def with_left_positions(batch: dict[str, Tensor], first_position: int = 0) -> dict[str, Tensor]:
+    """A left-padded batch with the positions its model gives right padding: real tokens from `first_position`
+    (0; RoBERTa's pad_token_id + 1), pads at the position before it (RoBERTa's pad_token_id; 0 for BERT)."""
+    positions = batch["attention_mask"].cumsum(-1) - 1 + first_position
+    return {**batch, "position_ids": positions.clamp(min=max(first_position - 1, 0))}
 
 
-def build_cases(tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, segments: int) -> list[Case]:
-    """The battery described in the module docstring, as forward keyword arguments.
+def build_cases(
+    tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, segments: int, first_position: int = 0
+) -> list[Case]:
+    """The battery described in the module docstring, as forward keyword arguments. `segments`: the model's token
+    types (with one, pairs run only where the tokenizer gives no token types, as RoBERTa's, whose pairs are told
+    apart by separators alone; they need not hold rows whose token types differ); `first_position`: the position
+    of a row's first token (RoBERTa's pad_token_id + 1).
 
     The padded cases hold padding, and "pairs" two rows whose token types differ, whatever the batch size and the
     texts: where no batch of `batch_size` texts holds it (one text per batch, texts of one length), one batch is
@@ -137,7 +144,7 @@ def build_cases(tokenizer: Any, texts: Sequence[str], batch_size: int, max_lengt
             rows = [singles[index], encode([text], max_length=length - 1)]
             how = f"the longest text beside itself cut by a token (every text is {length} tokens)"
         batch = _stack(rows, tokenizer.pad_token_id, side)
-        return (with_left_positions(batch) if side == "left" else batch), how
+        return (with_left_positions(batch, first_position) if side == "left" else batch), how
 
     def pairs_of_two_lengths() -> Made:
         # Cut by two tokens, a pair cut longest first loses one from each segment: the first segments differ.
@@ -146,13 +153,17 @@ def build_cases(tokenizer: Any, texts: Sequence[str], batch_size: int, max_lengt
         return _stack(rows, tokenizer.pad_token_id, "right"), "the longest text paired with itself, at two lengths"
 
     cases = [Case("single", singles)]
+    pairs = list(zip(texts[0::2], texts[1::2], strict=False))  # an odd last text has no partner
+    batches = [encode([a for a, _ in chunk], [b for _, b in chunk], padding=True) for chunk in chunks(pairs)]
     if segments >= 2:
-        pairs = list(zip(texts[0::2], texts[1::2], strict=False))  # an odd last text has no partner
-        batches = [encode([a for a, _ in chunk], [b for _, b in chunk], padding=True) for chunk in chunks(pairs)]
         cases.append(completed("pairs", batches, SEGMENTS, pairs_of_two_lengths))
+    elif batches and "token_type_ids" not in batches[0]:  # RoBERTa's: segments told apart by separators alone
+        cases.append(Case("pairs", batches))
     right = [encode(chunk, padding=True) for chunk in chunks(texts)]
     cases.append(completed("right padding", right, PADDING, lambda: padded("right")))
-    left = [with_left_positions(encode(chunk, padding=True, padding_side="left")) for chunk in chunks(texts)]
+    left = [
+        with_left_positions(encode(chunk, padding=True, padding_side="left"), first_position) for chunk in chunks(texts)
+    ]
     cases.append(completed("left padding", left, PADDING, lambda: padded("left")))
     # Repeat the texts until they are longer than the model's maximum length, then truncate to exactly it.
     words = len(tokenizer(" ".join(texts))["input_ids"])

@@ -101,7 +101,8 @@ def float64_twin(model: Any) -> Any:
 
 # Position offsets tried when an artifact's token outputs fail: positions counted from 1 (a port that adds an offset
 # BERT does not have), or from 2 (RoBERTa's padding_idx + 1 carried into BERT). Negative offsets would need position
-# -1, which no embedding lookup has.
+# -1, which no embedding lookup has. For a RoBERTa-family model, whose positions start at pad_token_id + 1, the one
+# offset tried is back to 0: BERT's positions carried into a RoBERTa port.
 POSITION_OFFSETS = (1, 2)
 FITS_BETTER = 10.0  # the shifted float64 run must fit the artifact this many times better in RMS error
 
@@ -113,14 +114,20 @@ class PositionOffset:
     offset: int
     shifted_rms: float  # the artifact's RMS error against float64 run with position_ids + offset
     plain_rms: float  # ... against float64 at the battery's positions
+    first_position: int = 0  # where the model's positions start: 0, RoBERTa's pad_token_id + 1
 
     def describe(self) -> str:
-        why = "RoBERTa's padding_idx + 1" if self.offset == 2 else "an offset such as RoBERTa's padding_idx"
+        start = self.first_position + self.offset
+        if self.first_position:
+            why = f"BERT's positions carried into a {self.first_position - 1}-padded RoBERTa-family port"
+        else:
+            why = "RoBERTa's padding_idx + 1" if self.offset == 2 else "an offset such as RoBERTa's padding_idx"
+            why += ", carried into a BERT port"
         return (
             f"position ids offset by {self.offset}: the float64 reference run with position_ids + {self.offset} fits "
             f"the artifact {self.plain_rms / self.shifted_rms:,.0f}x better (RMS error {self.shifted_rms:.3g}, "
-            f"against {self.plain_rms:.3g} at positions from 0): its positions count from {self.offset}, not 0 "
-            f"({why}, carried into a BERT port)"
+            f"against {self.plain_rms:.3g} at positions from {self.first_position}): its positions count from "
+            f"{start}, not {self.first_position} ({why})"
         )
 
 
@@ -129,10 +136,12 @@ def position_offset(
     exact: TorchEngine,
     batch: dict[str, Tensor],
     max_positions: int,
+    first_position: int = 0,
 ) -> PositionOffset | None:
-    """The offset (of POSITION_OFFSETS) for which the float64 reference, run on `batch` (right-padded, no
-    position_ids) with position_ids + offset, fits the last hidden state that `run` (an artifact) gives for
-    `batch` FITS_BETTER times better than with the battery's positions; None when none does."""
+    """The offset (of POSITION_OFFSETS; -first_position for a model whose positions start at first_position) for
+    which the float64 reference, run on `batch` (right-padded, no position_ids) with the positions from
+    first_position + offset, fits the last hidden state that `run` (an artifact) gives for `batch` FITS_BETTER times
+    better than with the battery's positions; None when none does."""
     real = batch["attention_mask"].bool()
     ours = run(batch)["last_hidden_state"].double()[real]
 
@@ -142,10 +151,10 @@ def position_offset(
 
     plain = rms(None)
     width = batch["input_ids"].shape[1]
-    for offset in POSITION_OFFSETS:
-        if width + offset > max_positions:
+    for offset in (-first_position,) if first_position else POSITION_OFFSETS:
+        if width + first_position + offset > max_positions:
             continue
-        shifted = rms((torch.arange(width) + offset).expand_as(batch["input_ids"]))
+        shifted = rms((torch.arange(width) + first_position + offset).expand_as(batch["input_ids"]))
         if shifted * FITS_BETTER < plain:
-            return PositionOffset(offset, shifted, plain)
+            return PositionOffset(offset, shifted, plain, first_position)
     return None

@@ -159,32 +159,21 @@ def run_parity(
     where = {"revision": revision, "reference": reference, "artifact_names": artifact_names, "cache_dir": cache_dir}
     paths = _paths(model_path, artifacts, **where, token=token)
     facts = _CheckpointFacts.read(paths, options.ignore_auto_map)
-    checks = [  # opened first: one that cannot run fails before the models load
-        ArtifactCheck(
-            name,
-            open_artifact(path, facts.hidden_size, torch.get_num_threads(), options.artifact_precision),
-            options.artifact_bound,
-            instruction_set=instruction_set(),
-            vnni=has_vnni(),
-        )
-        for name, path in zip(paths.artifact_names, paths.artifacts, strict=True)
-    ]
+    checks = _open_artifacts(paths, facts, options)  # first: one that cannot run fails before the models load
     tokenizer = AutoTokenizer.from_pretrained(paths.directory)
-    # The three models a batch runs through, one per library, loaded once (`ModelSpec`).
-    spec = ModelSpec(facts.has_mlm_head, facts.has_pooler, options.dtype, options.device, options.attn)
-    ours, ran_kernel = hfbert_engine.load(paths.directory, spec, options.linear_kernel, options.ignore_auto_map)
-    theirs, exact = transformers_engine.load(transformers, paths.reference_directory, spec)
+    ours, theirs, exact, ran_kernel = _load_models(transformers, paths, facts, options)
     runners = (ours, theirs, exact)
     config = ours.model.config
     battery_texts = list(options.texts or default_texts())
+    first_position = config.pad_token_id + 1 if config.positions_after_padding else 0
     cases = build_cases(
-        tokenizer, battery_texts, options.batch_size, config.max_position_embeddings, config.type_vocab_size
+        tokenizer, battery_texts, options.batch_size, config.max_sequence_length, config.type_vocab_size, first_position
     )
     for check in checks:
         check.untested = {case.name: case.note for case in cases if not case.exercised}
     pipeline = read_sentence_pipeline(paths.directory, config, tokenizer.model_max_length) if checks else None
     battery = _Battery(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
-    battery.run(runners, options, config.max_position_embeddings)
+    battery.run(runners, options, config.max_position_embeddings, first_position)
     del runners, ours, theirs, exact
     gc.collect()
     return ParityReport(
@@ -219,6 +208,38 @@ def run_parity(
     )
 
 
+def _open_artifacts(paths: ParityPaths, facts: _CheckpointFacts, options: ParityOptions) -> list[ArtifactCheck]:
+    return [
+        ArtifactCheck(
+            name,
+            open_artifact(path, facts.hidden_size, torch.get_num_threads(), options.artifact_precision),
+            options.artifact_bound,
+            instruction_set=instruction_set(),
+            vnni=has_vnni(),
+        )
+        for name, path in zip(paths.artifact_names, paths.artifacts, strict=True)
+    ]
+
+
+def _load_models(
+    transformers: Any, paths: ParityPaths, facts: _CheckpointFacts, options: ParityOptions
+) -> tuple[TorchEngine, TorchEngine, TorchEngine, str]:
+    """The three models a batch runs through, one per library, loaded once (`ModelSpec`): hfbert's, transformers'
+    and its float64 twin; and the linear kernel hfbert's runs."""
+    spec = ModelSpec(
+        facts.has_mlm_head,
+        facts.has_pooler,
+        options.dtype,
+        options.device,
+        options.attn,
+        facts.model_type,
+        facts.mlm_head,
+    )
+    ours, ran_kernel = hfbert_engine.load(paths.directory, spec, options.linear_kernel, options.ignore_auto_map)
+    theirs, exact = transformers_engine.load(transformers, paths.reference_directory, spec)
+    return ours, theirs, exact, ran_kernel
+
+
 def _paths(
     model_path: str | os.PathLike | ParityPaths, artifacts: Sequence[str | os.PathLike], **named: Any
 ) -> ParityPaths:
@@ -240,6 +261,8 @@ class _CheckpointFacts:
     has_pooler: bool
     has_mlm_head: bool
     hidden_size: int
+    model_type: str  # config.json's: which family's classes load it, in both libraries
+    mlm_head: str  # the masked-LM head's module name in the family's layout (`cls.predictions`, `lm_head`)
     weight_files: list[dict[str, Any]]
     reference_weight_files: list[dict[str, Any]]
 
@@ -247,14 +270,10 @@ class _CheckpointFacts:
     def read(cls, paths: ParityPaths, ignore_auto_map: bool) -> _CheckpointFacts:
         from converters.checkpoint_files import read_checkpoint
         from converters.hub import CONFIG_FILE
-        from converters.key_map import MLM_HEAD, head_of, normalize_name
+        from converters.key_map import LAYOUTS, LM_HEAD, MLM_HEAD, head_of, normalize_name
         from converters.loading import check_auto_map
         from hfbert.modeling.config import BertConfig
 
-        checkpoint = read_checkpoint(paths.directory)
-        stored = {normalize_name(name) for name in checkpoint.tensors}
-        weight_files = describe_files(checkpoint.files)
-        del checkpoint
         reference_files = []
         if paths.reference is not None:  # checked as hfbert checks a config (naming the file), before transformers
             reference_files = describe_files(read_checkpoint(paths.reference).files)
@@ -262,10 +281,18 @@ class _CheckpointFacts:
         config = BertConfig.from_pretrained(paths.directory)
         if not ignore_auto_map:
             check_auto_map(config.to_dict().get("auto_map"), str(paths.directory / CONFIG_FILE))
+        layout = LAYOUTS[config.model_type]
+        mlm_head = next(prefix for prefix in layout.heads if prefix in (MLM_HEAD, LM_HEAD))
+        checkpoint = read_checkpoint(paths.directory)
+        stored = {normalize_name(name, layout) for name in checkpoint.tensors}
+        weight_files = describe_files(checkpoint.files)
+        del checkpoint
         return cls(
             has_pooler=any(name.startswith("pooler.") for name in stored),
-            has_mlm_head=any(head_of(name) == MLM_HEAD for name in stored),
+            has_mlm_head=any(head_of(name, layout) == mlm_head for name in stored),
             hidden_size=config.hidden_size,
+            model_type=config.model_type,
+            mlm_head=mlm_head.removesuffix("."),
             weight_files=weight_files,
             reference_weight_files=reference_files,
         )
@@ -283,7 +310,11 @@ class _Battery:
     baseline: SentenceStats = field(default_factory=SentenceStats)
 
     def run(
-        self, runners: tuple[TorchEngine, TorchEngine, TorchEngine], options: ParityOptions, max_positions: int
+        self,
+        runners: tuple[TorchEngine, TorchEngine, TorchEngine],
+        options: ParityOptions,
+        max_positions: int,
+        first_position: int = 0,
     ) -> None:
         """Every batch through the three models and each artifact, compared as it comes. An artifact whose last
         hidden state fails is then tried with shifted positions (`position_offset`)."""
@@ -318,7 +349,9 @@ class _Battery:
             for check in checks:
                 row = check.rows.get("last_hidden_state")
                 if probe is not None and row is not None and not row.passed and check.error is None:
-                    check.position_offset = position_offset(check.engine.run, runners[2], probe, max_positions)
+                    check.position_offset = position_offset(
+                        check.engine.run, runners[2], probe, max_positions, first_position
+                    )
 
 
 def _rows(layers: int, facts: _CheckpointFacts, options: ParityOptions) -> dict[str, Row]:

@@ -148,6 +148,8 @@ class ArtifactEngine:
 
     def prepare(self, batch: dict[str, Tensor]) -> Prepared:
         # Right-padded unless it takes position_ids; only the inputs it takes.
+        if "token_type_ids" in self.inputs and "token_type_ids" not in batch:  # RoBERTa's tokenizers give none
+            batch = {**batch, "token_type_ids": torch.zeros_like(batch["input_ids"])}
         if "position_ids" in self.inputs:
             if "position_ids" not in batch:  # right padding: the positions transformers gives by default
                 positions = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
@@ -221,14 +223,15 @@ def reduced_weights_cause(engine: ArtifactEngine) -> str | None:
 
 @functools.cache
 def with_pooler(masked_lm_class: type, pooler_class: type) -> type:
-    """`masked_lm_class` (hfbert's or transformers' BertForMaskedLM) whose backbone has the checkpoint's pooler too.
-    Both libraries build BertForMaskedLM without one (add_pooling_layer=False); with it, one masked-LM model gives
-    every row, the pooler computed by its own BertModel.forward, as a BertModel with a pooler computes it."""
+    """`masked_lm_class` (hfbert's or transformers' masked-LM model of any family) whose backbone has the
+    checkpoint's pooler too. Both libraries build their masked-LM models without one (add_pooling_layer=False);
+    with it, one masked-LM model gives every row, the pooler computed by its own backbone's forward, as a backbone
+    with a pooler computes it."""
 
     class WithPooler(masked_lm_class):
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(config, *args, **kwargs)
-            self.bert.pooler = pooler_class(self.config)
+            getattr(self, self.base_model_prefix).pooler = pooler_class(self.config)
 
     WithPooler.__name__ = WithPooler.__qualname__ = f"{masked_lm_class.__name__}WithPooler"
     return WithPooler
@@ -236,13 +239,17 @@ def with_pooler(masked_lm_class: type, pooler_class: type) -> type:
 
 class ModelSpec(NamedTuple):
     """Which model hfbert and transformers load alike, and how it runs: the masked-LM model when the checkpoint has
-    that head (its backbone with the checkpoint's pooler where it has one: `with_pooler`), else the backbone."""
+    that head (its backbone with the checkpoint's pooler where it has one: `with_pooler`), else the backbone.
+    `model_type` is config.json's; `mlm_head` the masked-LM head's module name in that family's layout
+    (`cls.predictions`, RoBERTa's `lm_head`), the same in both libraries."""
 
     has_mlm_head: bool
     has_pooler: bool
     dtype: torch.dtype
     device: str
     attn: str
+    model_type: str = "bert"
+    mlm_head: str = "cls.predictions"
 
     def model_class(self, masked_lm: type, backbone: type, pooler: type) -> tuple[type, dict[str, Any]]:
         """The class to load, of one library's masked-LM model, backbone and pooler, and its loading options."""
@@ -253,7 +260,7 @@ class ModelSpec(NamedTuple):
     def engine(self, model: Any) -> TorchEngine:
         """`model`, of `model_class`, as the comparison calls it."""
         if self.has_mlm_head:
-            return TorchEngine(model, model.bert, model.cls.predictions)
+            return TorchEngine(model, getattr(model, model.base_model_prefix), model.get_submodule(self.mlm_head))
         return TorchEngine(model, model, None)
 
 
@@ -261,7 +268,7 @@ class TorchEngine(NamedTuple):
     """hfbert's or transformers' model in a parity run, as the calls the comparison makes (compare.py)."""
 
     model: Any  # the whole model: its attention implementation is switched for the eager attention call
-    backbone: Any  # its BertModel: hidden states, pooler, attention probabilities
+    backbone: Any  # its encoder (BertModel, RobertaModel, ...): hidden states, pooler, attention probabilities
     head: Any  # its masked-LM head (logits from the last hidden state, as its forward computes them), or None
 
     def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:

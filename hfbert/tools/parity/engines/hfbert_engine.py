@@ -13,10 +13,11 @@ def load(
 ) -> tuple[TorchEngine, str]:
     """hfbert's model and what its linear layers run on ("F.linear", "oneDNN, packed", ...). `ignore_auto_map`:
     as `from_pretrained` takes it."""
-    from hfbert.modeling.heads import BertForMaskedLM
-    from hfbert.modeling.model import BertModel, BertPooler
+    from hfbert.modeling.auto import MODEL_CLASSES
+    from hfbert.modeling.model import BertPooler
 
-    model_class, loading = spec.model_class(BertForMaskedLM, BertModel, BertPooler)
+    classes = MODEL_CLASSES[spec.model_type]
+    model_class, loading = spec.model_class(classes["masked-lm"], classes["model"], BertPooler)
     loading |= {"dtype": spec.dtype, "device": spec.device, "attn_implementation": spec.attn}
     model = model_class.from_pretrained(directory, ignore_auto_map=ignore_auto_map, **loading)
     ran_kernel = "F.linear"

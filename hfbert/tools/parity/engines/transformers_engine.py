@@ -3,6 +3,7 @@ the exact reference (reference.py)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,7 @@ def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngi
     (float64_twin); a bf16 or fp16 run loads its own, from the checkpoint's float32 values."""
     from hfbert.tools.parity.reference import float64_twin, load_reference
 
-    bert = transformers.models.bert.modeling_bert
-    model_class, options = spec.model_class(bert.BertForMaskedLM, bert.BertModel, bert.BertPooler)
+    model_class, options = spec.model_class(*reference_classes(transformers, spec.model_type))
     theirs = load_reference(transformers, model_class, directory, spec.attn, spec.device, spec.dtype, **options)
     if spec.dtype == torch.float32:
         exact = float64_twin(theirs)
@@ -26,3 +26,14 @@ def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngi
         exact = load_reference(transformers, model_class, directory, spec.attn, spec.device, torch.float64, **options)
     exact.set_attn_implementation("eager")
     return spec.engine(theirs), spec.engine(exact)
+
+
+def reference_classes(transformers: Any, model_type: str) -> tuple[type, type, type]:
+    """transformers' masked-LM model, backbone and pooler for config.json's `model_type`, as its Auto classes pick
+    them (BertForMaskedLM, BertModel, BertPooler; RobertaForMaskedLM, ...)."""
+    from transformers.models.auto import modeling_auto
+
+    masked_lm = getattr(transformers, modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type])
+    backbone = getattr(transformers, modeling_auto.MODEL_MAPPING_NAMES[model_type])
+    pooler = getattr(sys.modules[backbone.__module__], backbone.__name__.removesuffix("Model") + "Pooler")
+    return masked_lm, backbone, pooler

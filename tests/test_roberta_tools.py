@@ -1,0 +1,94 @@
+"""fill-mask, convert, inspect and sentence-transformers-as-backbone on RoBERTa-family checkpoints (issue #41), each
+against transformers or sentence-transformers loading the same folder, element-wise."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hfbert
+from converters.errors import CheckpointError
+from hfbert.cli import main
+from hfbert.tools.convert import convert
+from hfbert.tools.inspect import summary
+
+from support.family import TEXTS, family_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("member", ["roberta", "xlm-roberta"])
+def test_fill_mask_equals_transformers_pipeline(member, tmp_path, capsys):
+    directory = family_checkpoint(tmp_path / member, member, "ForMaskedLM")
+    text = "Paris is the <mask> of France."
+    fill = transformers.pipeline("fill-mask", model=str(directory), tokenizer=str(directory), device="cpu")
+    expected = fill(text, top_k=5)
+    assert main(["fill-mask", str(directory), text, "--top-k", "5", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert [p["token"] for p in ours] == [p["token"] for p in expected]
+    assert np.abs(np.array([p["score"] for p in ours]) - [p["score"] for p in expected]).max() <= 1e-6
+    assert [p["sequence"] for p in ours] == [p["sequence"] for p in expected]
+
+
+def test_fill_mask_without_the_head_names_lm_head(tmp_path, capsys):
+    directory = family_checkpoint(tmp_path / "roberta", "roberta", "Model")
+    assert main(["fill-mask", str(directory), "a <mask> b"]) != 0
+    assert "no lm_head.* tensors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["ForMaskedLM", "ForSequenceClassification"])
+def test_convert_writes_what_transformers_loads_with_equal_outputs(task, tmp_path):
+    directory = family_checkpoint(tmp_path / "source", "xlm-roberta", task)
+    convert(directory, tmp_path / "converted")
+    source = load_file(directory / "model.safetensors")
+    written = load_file(tmp_path / "converted" / "model.safetensors")
+    assert sorted(written) == sorted(source)  # roberta. prefix, lm_head / classifier names, tied decoder not stored
+    model_class = getattr(transformers, f"XLMRoberta{task}")
+    before = model_class.from_pretrained(directory).eval()
+    after = model_class.from_pretrained(tmp_path / "converted").eval()
+    ids = torch.tensor([[0, 5, 6, 7, 8, 2], [0, 9, 10, 2, 1, 1]])
+    with torch.no_grad():
+        expected, ours = (m(input_ids=ids, attention_mask=(ids != 1).long())[0] for m in (before, after))
+    assert torch.equal(expected, ours)
+
+
+def test_convert_refuses_bert_keys_under_a_roberta_config(tmp_path):
+    directory = family_checkpoint(tmp_path / "source", "roberta", "ForMaskedLM")
+    tensors = {name.replace("roberta.", "bert."): t for name, t in load_file(directory / "model.safetensors").items()}
+    save_file(tensors, directory / "model.safetensors")
+    with pytest.raises(CheckpointError, match="named as a 'bert' checkpoint's, but .* says model_type 'roberta'"):
+        convert(directory, tmp_path / "converted")
+    assert not (tmp_path / "converted").exists()
+
+
+def test_inspect_reads_the_roberta_layout(tmp_path, capsys):
+    directory = family_checkpoint(tmp_path / "roberta", "roberta", "ForMaskedLM")
+    facts = summary(directory)
+    assert facts["config"]["model_type"] == "roberta" and facts["config"]["max_sequence_length"] == 38
+    actions = {entry["name"]: entry["action"] for entry in facts["tensors"]}
+    assert actions["roberta.embeddings.word_embeddings.weight"] == "renamed"
+    assert {actions[name] for name in actions if name.startswith("lm_head.")} == {"ignored"}
+    assert facts["tokenizer"]["problems"] == []
+    assert main(["inspect", str(directory)]) == 0
+    assert "roberta, 2 layers" in capsys.readouterr().out
+
+
+def test_hfbert_as_a_sentence_transformers_backbone_equals_encode(tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    models = pytest.importorskip("sentence_transformers.models")
+    from hfbert.tools.sentence_transformers_backbone import use_hfbert_backbone
+
+    backbone = family_checkpoint(tmp_path / "backbone", "xlm-roberta", "Model", model_max_length=512)
+    modules = [models.Transformer(str(backbone)), models.Pooling(32, pooling_mode="mean"), models.Normalize()]
+    built = st.SentenceTransformer(modules=modules, device="cpu")
+    built.max_seq_length = 24
+    built.save(str(tmp_path / "sentence"))
+    reference = st.SentenceTransformer(str(tmp_path / "sentence"), device="cpu")
+    expected = reference.encode(TEXTS, convert_to_numpy=True, batch_size=3)
+    ours = use_hfbert_backbone(st.SentenceTransformer(str(tmp_path / "sentence"), device="cpu"))
+    assert isinstance(ours[0].model, hfbert.XLMRobertaModel)
+    assert np.abs(ours.encode(TEXTS, convert_to_numpy=True, batch_size=3) - expected).max() <= 1e-5
