@@ -16,18 +16,10 @@ import torch
 import hfbert
 from hfbert.modeling.model import positions_after_padding
 
+from support.family import TINY, randomized
+
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=40,
-    type_vocab_size=1,
-    num_labels=3,
-)
 # (hfbert class, transformers class) by family member; every head transformers has for the family.
 FAMILY = {
     "roberta": ("Roberta", transformers.RobertaConfig),
@@ -36,16 +28,6 @@ FAMILY = {
 }
 TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
 PAD = 1
-
-
-def randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            is_norm = "layernorm" in name.lower() or "layer_norm" in name
-            parameter.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.1 * noise)
-    return model
 
 
 def checkpoint(tmp_path, member: str, task: str, **fields):

@@ -6,9 +6,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import transformers
-from test_roberta import TINY, randomized  # transformers' weights drawn far from its init, as the model tests draw them
 from tokenizers import AddedToken, ByteLevelBPETokenizer, SentencePieceUnigramTokenizer
+
+# A RoBERTa-family config small enough for every test; one token type, 40 positions (38 tokens after padding_idx 1).
+TINY = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=40,
+    type_vocab_size=1,
+    num_labels=3,
+)
+
+
+def randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Weights far from transformers' init (std 0.1, norms around 1), so that any difference shows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            is_norm = "layernorm" in name.lower() or "layer_norm" in name
+            parameter.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.1 * noise)
+    return model
+
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
