@@ -33,9 +33,10 @@ def test_the_float64_verdict_passes_on_each_member(member, task, tmp_path):
     assert cases["max length"]["longest"] == 40 - 1 - 1  # max_position_embeddings - pad_token_id - 1
 
 
-def export_onnx(directory, path, positions_from_zero: bool = False):
+def export_onnx(directory, path, positions_from_zero: bool = False, takes_positions: bool = False):
     """transformers' RobertaModel as ONNX with input_ids and attention_mask only (what optimum exports); with
-    `positions_from_zero`, its positions counted 0, 1, ... as a BERT port counts them."""
+    `positions_from_zero`, its positions counted 0, 1, ... as a BERT port counts them; with `takes_positions`, a
+    graph with a position_ids input."""
     model = transformers.RobertaModel.from_pretrained(directory, attn_implementation="eager", add_pooling_layer=False)
 
     class Exporter(torch.nn.Module):
@@ -43,19 +44,22 @@ def export_onnx(directory, path, positions_from_zero: bool = False):
             super().__init__()
             self.model = model.eval()
 
-        def forward(self, input_ids, attention_mask):
-            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids) if positions_from_zero else None
-            return self.model(input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
+        def forward(self, input_ids, attention_mask, position_ids=None):
+            if positions_from_zero:
+                position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+            return self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
 
     ids = torch.tensor([[0, 5, 6, 7, 8, 9, 2], [0, 10, 11, 2, 1, 1, 1]])
-    axes = {name: {0: "batch", 1: "sequence"} for name in ("input_ids", "attention_mask", "last_hidden_state")}
+    names = ["input_ids", "attention_mask"] + (["position_ids"] if takes_positions else [])
+    example = (ids, (ids != 1).long()) + ((torch.arange(2, 9).expand_as(ids),) if takes_positions else ())
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "last_hidden_state")}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             Exporter(),
-            (ids, (ids != 1).long()),
+            example,
             path,
-            input_names=["input_ids", "attention_mask"],
+            input_names=names,
             output_names=["last_hidden_state"],
             dynamic_axes=axes,
             opset_version=17,
@@ -79,3 +83,15 @@ def test_an_onnx_export_without_token_types_is_judged_and_positions_from_zero_ar
     assert bad.position_offset is not None and bad.position_offset.offset == -2
     assert bad.position_offset.shifted_rms * 1000 < bad.position_offset.plain_rms  # fits to rounding
     assert "count from 0, not 2" in bad.position_offset.describe()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_an_export_that_takes_position_ids_is_given_the_familys_positions(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    directory = family_checkpoint(tmp_path / "roberta", "roberta", "Model")
+    artifact = export_onnx(directory, tmp_path / "with-positions.onnx", takes_positions=True)
+    report = run_parity(directory, texts=TEXTS, progress=False, artifacts=[artifact])
+    (check,) = report.artifacts
+    assert check.engine.inputs == ("input_ids", "attention_mask", "position_ids")
+    assert check.verdict == "pass", check.rows

@@ -165,7 +165,7 @@ def run_parity(
     runners = (ours, theirs, exact)
     config = ours.model.config
     battery_texts = list(options.texts or default_texts())
-    first_position = config.pad_token_id + 1 if config.positions_after_padding else 0
+    first_position = facts.first_position
     cases = build_cases(
         tokenizer, battery_texts, options.batch_size, config.max_sequence_length, config.type_vocab_size, first_position
     )
@@ -209,16 +209,14 @@ def run_parity(
 
 
 def _open_artifacts(paths: ParityPaths, facts: _CheckpointFacts, options: ParityOptions) -> list[ArtifactCheck]:
-    return [
-        ArtifactCheck(
-            name,
-            open_artifact(path, facts.hidden_size, torch.get_num_threads(), options.artifact_precision),
-            options.artifact_bound,
-            instruction_set=instruction_set(),
-            vnni=has_vnni(),
+    checks = []
+    for name, path in zip(paths.artifact_names, paths.artifacts, strict=True):
+        engine = open_artifact(path, facts.hidden_size, torch.get_num_threads(), options.artifact_precision)
+        engine.first_position = facts.first_position  # for a graph that takes position_ids
+        checks.append(
+            ArtifactCheck(name, engine, options.artifact_bound, instruction_set=instruction_set(), vnni=has_vnni())
         )
-        for name, path in zip(paths.artifact_names, paths.artifacts, strict=True)
-    ]
+    return checks
 
 
 def _load_models(
@@ -263,6 +261,7 @@ class _CheckpointFacts:
     hidden_size: int
     model_type: str  # config.json's: which family's classes load it, in both libraries
     mlm_head: str  # the masked-LM head's module name in the family's layout (`cls.predictions`, `lm_head`)
+    first_position: int  # the position of a sequence's first token: 0, RoBERTa's pad_token_id + 1
     weight_files: list[dict[str, Any]]
     reference_weight_files: list[dict[str, Any]]
 
@@ -293,6 +292,7 @@ class _CheckpointFacts:
             hidden_size=config.hidden_size,
             model_type=config.model_type,
             mlm_head=mlm_head.removesuffix("."),
+            first_position=config.pad_token_id + 1 if config.positions_after_padding else 0,
             weight_files=weight_files,
             reference_weight_files=reference_files,
         )

@@ -145,14 +145,16 @@ class ArtifactEngine:
     weights: str = ""  # the precision the weights are stored in, read from the file ("fp32", "fp16", "int8, fp32")
     weights_remedy: str = ""  # how to store them in fp32 with this engine's tools, for the likely cause
     native: Any = None  # the engine's own loaded object (session, compiled model, encoder), for what it says later
+    first_position: int = 0  # the model's first position (RoBERTa's pad_token_id + 1), for a graph taking positions
 
     def prepare(self, batch: dict[str, Tensor]) -> Prepared:
         # Right-padded unless it takes position_ids; only the inputs it takes.
         if "token_type_ids" in self.inputs and "token_type_ids" not in batch:  # RoBERTa's tokenizers give none
             batch = {**batch, "token_type_ids": torch.zeros_like(batch["input_ids"])}
         if "position_ids" in self.inputs:
-            if "position_ids" not in batch:  # right padding: the positions transformers gives by default
-                positions = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
+            if "position_ids" not in batch:  # right padding: real tokens at the positions transformers gives them
+                positions = torch.arange(batch["input_ids"].shape[1]) + self.first_position
+                positions = positions.expand_as(batch["input_ids"])
                 batch = {**batch, "position_ids": positions}
             return Prepared(self.feed(batch), batch, None)
         aligned, shift = left_to_right(batch)
