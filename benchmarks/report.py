@@ -250,11 +250,13 @@ def contract_figures(results: list[dict], images: Path) -> None:
 
 # -- peers ---------------------------------------------------------------------------------------------------------
 # A row's ratios are against its fastest of these.
-HFBERT_ENGINES = ("hfbert", "hfbert fast", "hfbert compiled", "hfbert bf16")
+HFBERT_PLAIN, ORT_UNFUSED = "hfbert (plain)", "ONNX Runtime (unfused)"  # row 6's extra columns
+HFBERT_ENGINES = ("hfbert", "hfbert fast", "hfbert compiled", "hfbert bf16", HFBERT_PLAIN)
 PEERS = (
     "transformers",
     "transformers (MKL default)",
     "ONNX Runtime",
+    ORT_UNFUSED,
     "OpenVINO",
     "OpenVINO (default precision)",
     "CTranslate2",
@@ -267,6 +269,7 @@ COLORS = {
     "transformers": "#7f7f7f",
     "transformers (MKL default)": "#c7c7c7",
     "ONNX Runtime": "#1f77b4",
+    ORT_UNFUSED: "#aec7e8",
     "OpenVINO": "#9467bd",
     "OpenVINO (default precision)": "#c5b0d5",
     "CTranslate2": "#ff7f0e",
@@ -374,20 +377,23 @@ def peers_table(result: dict) -> list[str]:
                 f"{precision}",
                 {name: f"{value['rms_ratio']:.2f}x" for name, value in accuracy["engines"].items()},
             )
+    family = any("note" in row for row in result["rows"])
     lines += [
         "",
-        "Cells: median time per pass over the workload's batches (per call for latency), then engine time / "
-        "hfbert's fastest engine's time in that row: above 1, hfbert is faster. Accuracy lines, over the real tokens "
-        "of the dense batch and the first mixed batch: each engine's smallest cosine similarity to transformers "
-        "fp32"
+        "Cells: median time per pass over the workload's batches (per call for latency"
+        + (" and batch 1" if family else "")
+        + "), then engine time / hfbert's fastest engine's time in that row: above 1, hfbert is faster. Accuracy "
+        "lines, over the real tokens of the dense batch and the first mixed batch: each engine's smallest cosine "
+        "similarity to transformers fp32"
         + (
-            ", and its RMS error against transformers' BertModel run in float64 (the exact reference) as a multiple "
-            "of transformers fp32's own (1.00x: as accurate as transformers)"
+            f", and its RMS error against transformers' {'model' if family else 'BertModel'} run in float64 (the "
+            "exact reference) as a multiple of transformers fp32's own (1.00x: as accurate as transformers)"
             if any(row.get("accuracy") for row in result["rows"])
             else ""
         )
         + ".",
     ]
+    lines += [f"Row {row['row']}: {row['note']}." for row in result["rows"] if "note" in row]
     return lines
 
 
