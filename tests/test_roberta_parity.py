@@ -12,7 +12,7 @@ import torch
 
 from hfbert.tools.parity import run_parity
 
-from support.family import TEXTS, family_checkpoint
+from support.family import TEXTS, TINY, family_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -95,3 +95,23 @@ def test_an_export_that_takes_position_ids_is_given_the_familys_positions(tmp_pa
     (check,) = report.artifacts
     assert check.engine.inputs == ("input_ids", "attention_mask", "position_ids")
     assert check.verdict == "pass", check.rows
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_fused_graph_that_reads_the_mask_as_lengths_fails_left_padding(tmp_path):
+    """ONNX Runtime's fused Attention takes the mask as each row's length unless told otherwise: right on right
+    padding, wrong on left padding, which a RoBERTa-family graph (positions from the ids) is fed as it is."""
+    pytest.importorskip("onnxruntime")
+    from benchmarks.artifacts import export_onnx as export_with_engine_tools
+    from benchmarks.artifacts import fuse_onnx
+
+    directory = family_checkpoint(tmp_path / "roberta", "roberta", "Model")
+    plain = export_with_engine_tools(directory, tmp_path / "plain.onnx")
+    fused, counts = fuse_onnx(plain, tmp_path / "fused.onnx", TINY["num_attention_heads"], TINY["hidden_size"])
+    assert counts.get("Attention") == TINY["num_hidden_layers"]
+    report = run_parity(directory, texts=TEXTS, progress=False, artifacts=[plain, fused])
+    plain_check, fused_check = report.artifacts
+    assert plain_check.verdict == "pass", plain_check.rows
+    assert fused_check.verdict == "fail"
+    by_case = fused_check.rows["last_hidden_state"].by_case
+    assert not by_case["left padding"].passed and by_case["right padding"].passed

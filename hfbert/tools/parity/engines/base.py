@@ -5,7 +5,8 @@ and, for left padding, `position_ids`. The outputs are named as transformers nam
 (batch, sequence, hidden) and, where the engine has one, `pooler_output` (batch, hidden).
 
 A deployment artifact is one `ArtifactEngine`; hfbert and transformers are `TorchEngine`s. Graphs that take no
-`position_ids` get a left-padded batch turned right-padded first and their outputs turned back (`left_to_right`).
+`position_ids` get a left-padded batch turned right-padded first and their outputs turned back (`left_to_right`),
+except RoBERTa-family graphs, which count positions from the ids and take left padding as it is.
 """
 
 from __future__ import annotations
@@ -156,6 +157,11 @@ class ArtifactEngine:
                 positions = torch.arange(batch["input_ids"].shape[1]) + self.first_position
                 positions = positions.expand_as(batch["input_ids"])
                 batch = {**batch, "position_ids": positions}
+            return Prepared(self.feed(batch), batch, None)
+        if self.first_position:
+            # A RoBERTa-family graph counts positions from the ids, past the pads: a left-padded batch is its own
+            # input, as users feed it (a fused attention that reads the mask as row lengths fails it).
+            batch = {name: value for name, value in batch.items() if name != "position_ids"}
             return Prepared(self.feed(batch), batch, None)
         aligned, shift = left_to_right(batch)
         return Prepared(self.feed(aligned), aligned, shift)
