@@ -14,6 +14,7 @@ import hfbert
 from converters import CheckpointError
 
 from support.helpers import HEAD_CLASSES, max_difference, randomize_weights
+from support.helpers import trainer_losses as shared_trainer_losses
 
 # transformers' BertModelTester config (tests/models/bert/test_modeling_bert.py), dropout off so runs compare.
 TESTER_CONFIG = dict(
@@ -234,8 +235,6 @@ def test_ignore_mismatched_sizes_reheads_a_classifier_as_transformers(tmp_path):
 
 # -- Trainer -------------------------------------------------------------------------------------------------------
 def trainer_losses(model, checkpointing: bool, output_dir) -> list[float]:
-    import transformers
-
     generator = torch.Generator().manual_seed(0)
     data = [
         dict(
@@ -245,23 +244,9 @@ def trainer_losses(model, checkpointing: bool, output_dir) -> list[float]:
         )
         for index in range(16)
     ]
-    arguments = transformers.TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=4,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        activation_checkpointing=checkpointing,
-    )
-    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=data)
-    trainer.train()
+    losses = shared_trainer_losses(model, output_dir, data, activation_checkpointing=checkpointing)
     assert model.is_activation_checkpointing == checkpointing
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return losses
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])

@@ -16,7 +16,8 @@ import torch
 import hfbert
 from hfbert.modeling.model import positions_after_padding
 
-from support.family import TINY, randomized
+from support.family import TINY
+from support.helpers import randomize_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,7 +36,8 @@ def checkpoint(tmp_path, member: str, task: str, **fields):
     prefix, config_class = FAMILY[member]
     num_labels = 2 if task == "ForQuestionAnswering" else 3  # start and end
     reference = getattr(transformers, f"{prefix}{task}")(config_class(**{**TINY, "num_labels": num_labels, **fields}))
-    randomized(reference).eval()
+    torch.manual_seed(0)
+    randomize_weights(reference).eval()
     directory = tmp_path / f"{member}-{task}"
     reference.save_pretrained(directory)
     return reference, getattr(hfbert, f"{prefix}{task}").from_pretrained(directory), directory

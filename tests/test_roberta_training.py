@@ -7,7 +7,8 @@ import torch
 
 import hfbert
 
-from support.family import TINY, randomized
+from support.family import TINY
+from support.helpers import randomize_weights, trainer_losses
 
 transformers = pytest.importorskip("transformers")
 PAD = 1
@@ -15,7 +16,8 @@ PAD = 1
 
 def checkpoint(directory, **fields):
     config = transformers.RobertaConfig(**{**TINY, **fields})
-    randomized(transformers.RobertaForSequenceClassification(config)).save_pretrained(directory)
+    torch.manual_seed(0)
+    randomize_weights(transformers.RobertaForSequenceClassification(config)).save_pretrained(directory)
     return directory
 
 
@@ -39,30 +41,17 @@ def collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": labels}
 
 
-def trainer_losses(model, output_dir) -> list[float]:
-    arguments = transformers.TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=4,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=examples(), data_collator=collate)
-    trainer.train()
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-
-
 def test_trainer_fine_tuning_losses_equal_transformers(tmp_path):
     # Dropout on: the same seed must give the same dropout masks in both (the classification head drops out twice).
     checkpoint(tmp_path / "model", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    ours = trainer_losses(hfbert.RobertaForSequenceClassification.from_pretrained(tmp_path / "model"), tmp_path / "a")
+    ours = trainer_losses(
+        hfbert.RobertaForSequenceClassification.from_pretrained(tmp_path / "model"), tmp_path / "a", examples(), collate
+    )
     theirs = trainer_losses(
-        transformers.RobertaForSequenceClassification.from_pretrained(tmp_path / "model"), tmp_path / "b"
+        transformers.RobertaForSequenceClassification.from_pretrained(tmp_path / "model"),
+        tmp_path / "b",
+        examples(),
+        collate,
     )
     assert len(ours) == len(theirs) == 4
     assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) <= 1e-4

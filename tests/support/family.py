@@ -10,6 +10,8 @@ import torch
 import transformers
 from tokenizers import AddedToken, ByteLevelBPETokenizer, SentencePieceUnigramTokenizer
 
+from support.helpers import randomize_weights
+
 # A RoBERTa-family config small enough for every test; one token type, 40 positions (38 tokens after padding_idx 1).
 TINY = dict(
     vocab_size=99,
@@ -21,17 +23,6 @@ TINY = dict(
     type_vocab_size=1,
     num_labels=3,
 )
-
-
-def randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights far from transformers' init (std 0.1, norms around 1), so that any difference shows."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            is_norm = "layernorm" in name.lower() or "layer_norm" in name
-            parameter.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.1 * noise)
-    return model
 
 
 TEXTS = [
@@ -68,5 +59,6 @@ def family_checkpoint(directory: Path, member: str = "roberta", task: str = "For
     ids = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}  # as roberta-base's
     config = config_class(**{**TINY, **ids, "vocab_size": len(tokenizer), "num_labels": 3, **fields})
     model = getattr(transformers, f"{PREFIXES[member]}{task}")(config)
-    randomized(model).eval().save_pretrained(directory)
+    torch.manual_seed(0)
+    randomize_weights(model).eval().save_pretrained(directory)
     return directory

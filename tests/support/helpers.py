@@ -66,7 +66,7 @@ def randomize_weights(model: torch.nn.Module) -> torch.nn.Module:
     """Weights far from transformers' tiny init (std 0.1, LayerNorm around 1), so that any difference shows."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
+            if name.endswith(("LayerNorm.weight", "layer_norm.weight")):  # BERT's and RoBERTa's lm_head norm
                 parameter.copy_(1.0 + 0.1 * torch.randn_like(parameter))
             else:
                 parameter.normal_(0.0, 0.1)
@@ -241,3 +241,28 @@ class Accuracy:
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+
+
+def trainer_losses(model, output_dir, dataset, data_collator=None, **arguments) -> list[float]:
+    """The per-step training losses of transformers' Trainer on `model`: 4 steps of 4 examples, seed 0, CPU;
+    `arguments` add to or override the TrainingArguments."""
+    import transformers
+
+    arguments = transformers.TrainingArguments(
+        output_dir=str(output_dir),
+        **{
+            "max_steps": 4,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 1e-3,
+            "seed": 0,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "report_to": [],
+            "use_cpu": True,
+            "disable_tqdm": True,
+            **arguments,
+        },
+    )
+    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=data_collator)
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
