@@ -3,8 +3,8 @@
 Read the tables top to bottom; `map_key` applies them in that order:
 
 1. wrappers added by training code (`module.` from DDP, `_orig_mod.` from torch.compile) are stripped;
-2. the base-model prefix of the model's family (`bert.`; `roberta.` for RoBERTa, XLM-RoBERTa and CamemBERT) is
-   stripped, giving a backbone-relative name (`embeddings.word_embeddings...`);
+2. the base-model prefix of the model's family (`bert.`; `roberta.` for RoBERTa, XLM-RoBERTa and CamemBERT;
+   `mpnet.`) is stripped, giving a backbone-relative name (`embeddings.word_embeddings...`);
 3. exactly `*.LayerNorm.gamma` / `*.LayerNorm.beta` (2018 TensorFlow-port names) become `weight` / `bias`;
    nothing else named gamma or beta is touched;
 4. a name under a task head (`HEADS`) goes to that head when the model has it, and is ignored by design when
@@ -72,8 +72,17 @@ ROBERTA_KEYS = KeyLayout(
         LM_HEAD + "decoder.bias": LM_HEAD + "bias",
     },
 )
+# MPNet names its heads as RoBERTa does; its encoder's own names (`attention.attn.q`, `encoder.relative_attention_bias`)
+# are module names, loaded as they are.
+MPNET_KEYS = KeyLayout(prefix="mpnet.", heads=ROBERTA_KEYS.heads, tied_decoder=ROBERTA_KEYS.tied_decoder)
 # config.json's model_type -> its family's names. XLM-RoBERTa and CamemBERT checkpoints are RoBERTa's, key for key.
-LAYOUTS = {"bert": BERT_KEYS, "roberta": ROBERTA_KEYS, "xlm-roberta": ROBERTA_KEYS, "camembert": ROBERTA_KEYS}
+LAYOUTS = {
+    "bert": BERT_KEYS,
+    "roberta": ROBERTA_KEYS,
+    "xlm-roberta": ROBERTA_KEYS,
+    "camembert": ROBERTA_KEYS,
+    "mpnet": MPNET_KEYS,
+}
 # BERT's names under their older constant names.
 BACKBONE_PREFIX, HEADS, TIED_DECODER = BERT_KEYS.prefix, BERT_KEYS.heads, BERT_KEYS.tied_decoder
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,

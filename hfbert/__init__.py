@@ -14,7 +14,14 @@ from hfbert.modeling.auto import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
-from hfbert.modeling.config import BertConfig, CamembertConfig, ConfigError, RobertaConfig, XLMRobertaConfig
+from hfbert.modeling.config import (
+    BertConfig,
+    CamembertConfig,
+    ConfigError,
+    MPNetConfig,
+    RobertaConfig,
+    XLMRobertaConfig,
+)
 from hfbert.modeling.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -25,6 +32,14 @@ from hfbert.modeling.heads import (
     BertForTokenClassification,
 )
 from hfbert.modeling.model import BertModel
+from hfbert.modeling.mpnet import (
+    MPNetForMaskedLM,
+    MPNetForMultipleChoice,
+    MPNetForQuestionAnswering,
+    MPNetForSequenceClassification,
+    MPNetForTokenClassification,
+    MPNetModel,
+)
 from hfbert.modeling.outputs import BertModelOutput
 from hfbert.modeling.pretrained import BertPreTrainedModel
 from hfbert.modeling.roberta import (
@@ -82,6 +97,13 @@ __all__ = [
     "CamembertModel",
     "CheckpointError",
     "ConfigError",
+    "MPNetConfig",
+    "MPNetForMaskedLM",
+    "MPNetForMultipleChoice",
+    "MPNetForQuestionAnswering",
+    "MPNetForSequenceClassification",
+    "MPNetForTokenClassification",
+    "MPNetModel",
     "RobertaConfig",
     "RobertaForMaskedLM",
     "RobertaForMultipleChoice",

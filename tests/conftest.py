@@ -60,3 +60,15 @@ def other_model(tmp_path) -> Path:
     (directory / "vocab.txt").write_text("".join(token + "\n" for token in HELLO_WORLD_VOCABULARY))
     (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 64}))
     return directory
+
+
+@pytest.fixture(scope="session")
+def real_mpnet(request) -> Path:
+    """sentence-transformers/all-mpnet-base-v2 with its real weights (`support.mpnet`), read-only; skips naming the
+    packages where they are not installed."""
+    from support.mpnet import MissingPackagesError, mpnet_directory
+
+    try:
+        return mpnet_directory(request.config.cache.mkdir("hfbert-real-checkpoints"))
+    except MissingPackagesError as missing:
+        pytest.skip(str(missing))

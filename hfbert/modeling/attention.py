@@ -2,7 +2,8 @@
 
 `multi_head_attention` takes the query, key and value projections shaped (batch, sequence, hidden) and a boolean
 `key_mask` shaped (batch, 1, 1, sequence) that is True where a key may be attended to (or None: attend
-everywhere), splits the heads, attends, and merges the heads again. The kernel is one of:
+everywhere), and optionally an additive `bias` broadcastable to (batch, heads, query, key) (MPNet's relative-position
+bias), splits the heads, attends, and merges the heads again. The kernel is one of:
 
 - "eager" writes the softmax out and can return the attention probabilities;
 - "sdpa" calls `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel and never
@@ -17,13 +18,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-AttentionKernel = Callable[[Tensor, Tensor, Tensor, "Tensor | None", float, float], "tuple[Tensor, Tensor | None]"]
+AttentionKernel = Callable[
+    [Tensor, Tensor, Tensor, "Tensor | None", float, float, "Tensor | None"], "tuple[Tensor, Tensor | None]"
+]
 
 
 def eager_attention(
-    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, scale: float, dropout: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    scale: float,
+    dropout: float,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     if key_mask is not None:
         # masked_fill with the dtype's lowest finite value, not an added bias: masked keys get exactly zero
         # weight and nothing can overflow to -inf in fp16 / bf16.
@@ -35,9 +46,21 @@ def eager_attention(
 
 
 def sdpa_attention(
-    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, scale: float, dropout: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    scale: float,
+    dropout: float,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, None]:
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=key_mask, dropout_p=dropout, scale=scale)
+    mask = key_mask
+    if bias is not None:
+        # One additive mask: the bias where a key may be attended, the lowest finite value where not (as eager).
+        mask = bias.to(query.dtype)
+        if key_mask is not None:
+            mask = mask.masked_fill(~key_mask, torch.finfo(query.dtype).min)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
     return output, None
 
 
@@ -54,16 +77,19 @@ def multi_head_attention(
     scale: float,
     dropout: float,
     implementation: str,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(batch, sequence, hidden) projections -> (batch, sequence, hidden) context, and the probabilities
-    (batch, heads, query, key) when the implementation computes them."""
+    (batch, heads, query, key) when the implementation computes them. `bias` is added to the scaled scores."""
     batch, length, hidden = query.shape
 
     def split_heads(projected: Tensor) -> Tensor:
         return projected.view(batch, length, num_heads, hidden // num_heads).transpose(1, 2)
 
     attend = ATTENTION_IMPLEMENTATIONS[implementation]
-    context, probabilities = attend(split_heads(query), split_heads(key), split_heads(value), key_mask, scale, dropout)
+    context, probabilities = attend(
+        split_heads(query), split_heads(key), split_heads(value), key_mask, scale, dropout, bias
+    )
     return context.transpose(1, 2).reshape(batch, length, hidden), probabilities
 
 

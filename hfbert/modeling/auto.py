@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from hfbert.modeling import heads, roberta
+from hfbert.modeling import heads, mpnet, roberta
 from hfbert.modeling.config import BertConfig, ConfigError
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.pretrained import BertPreTrainedModel
@@ -37,6 +37,14 @@ for _model_type, _prefix in (("roberta", "Roberta"), ("xlm-roberta", "XLMRoberta
         "question-answering": getattr(roberta, f"{_prefix}ForQuestionAnswering"),
         "multiple-choice": getattr(roberta, f"{_prefix}ForMultipleChoice"),
     }
+MODEL_CLASSES["mpnet"] = {
+    "model": mpnet.MPNetModel,
+    "masked-lm": mpnet.MPNetForMaskedLM,
+    "sequence-classification": mpnet.MPNetForSequenceClassification,
+    "token-classification": mpnet.MPNetForTokenClassification,
+    "question-answering": mpnet.MPNetForQuestionAnswering,
+    "multiple-choice": mpnet.MPNetForMultipleChoice,
+}
 
 
 def model_class(config: BertConfig, task: str = "model") -> type[BertPreTrainedModel]:

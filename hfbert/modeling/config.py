@@ -185,12 +185,12 @@ class BertConfig:
         if self.model_type not in LAYOUTS:
             raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {', '.join(map(repr, LAYOUTS))}")
         if self.positions_after_padding:
-            if not _is_integer(self.pad_token_id):
+            if not _is_integer(self.position_padding_idx):
                 raise self._fail("pad_token_id", f"must be set for {self.model_type!r}: positions count from it")
             if self.max_sequence_length < 1:
                 raise self._fail(
                     "max_position_embeddings",
-                    f"({self.max_position_embeddings}) must exceed pad_token_id + 1 ({self.pad_token_id + 1}): "
+                    f"({self.max_position_embeddings}) must exceed pad_token_id + 1 ({self.position_padding_idx + 1}): "
                     f"{self.model_type!r} positions start after the padding index",
                 )
 
@@ -213,14 +213,20 @@ class BertConfig:
     def positions_after_padding(self) -> bool:
         """RoBERTa's one difference in the encoder: position ids count from `pad_token_id + 1` for real tokens and
         are `pad_token_id` at pads (fairseq's `make_positions`); BERT's count from 0, padding included."""
-        return self.model_type in ROBERTA_FAMILY
+        return self.model_type in ROBERTA_FAMILY or self.model_type == "mpnet"
+
+    @property
+    def position_padding_idx(self) -> int | None:
+        """The position (and word) embeddings' padding index where positions start after it: `pad_token_id`
+        (RoBERTa's family; MPNet overrides it)."""
+        return self.pad_token_id
 
     @property
     def max_sequence_length(self) -> int:
-        """The longest input the position table covers: `max_position_embeddings`, less `pad_token_id + 1` where
-        positions start after the padding index (514 - 2 = 512 for roberta-base)."""
+        """The longest input the position table covers: `max_position_embeddings`, less the padding index + 1 where
+        positions start after it (514 - 2 = 512 for roberta-base and all-mpnet-base-v2)."""
         if self.positions_after_padding:
-            return self.max_position_embeddings - self.pad_token_id - 1
+            return self.max_position_embeddings - self.position_padding_idx - 1
         return self.max_position_embeddings
 
     @property
@@ -379,11 +385,52 @@ class CamembertConfig(RobertaConfig):
     model_type: str = "camembert"
 
 
+@dataclass
+class MPNetConfig(BertConfig):
+    """config.json of an MPNet checkpoint (all-mpnet-base-v2), with transformers' MPNetConfig defaults.
+
+    MPNet has no token types (`type_vocab_size` is BertConfig's field, unused) and one field of its own,
+    `relative_attention_num_buckets`: the rows of the relative-position bias table. Its positions count from 2 with
+    the padding index fixed at 1, whatever `pad_token_id` says, as transformers' MPNetEmbeddings has it."""
+
+    vocab_size: int = 30527
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    relative_attention_num_buckets: int = 32
+    model_type: str = "mpnet"
+
+    @property
+    def position_padding_idx(self) -> int:
+        return 1
+
+    def validate(self) -> None:
+        super().validate()
+        buckets = self.relative_attention_num_buckets
+        # The bucketing (relative_position.py) uses 32 buckets whatever the config says, as transformers' does.
+        if not _is_integer(buckets) or not 32 <= buckets <= _MAX_SIZE:
+            raise self._fail(
+                "relative_attention_num_buckets",
+                f"must be an integer >= 32 (the relative positions use 32 buckets), got {buckets!r}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        # BERT fields MPNet has not, left out unless config.json set them to something else (then kept, unused).
+        defaults = BertConfig.__dataclass_fields__
+        return {
+            key: value
+            for key, value in super().to_dict().items()
+            if key not in _NOT_MPNET or key in self.extra_fields or value != defaults[key].default
+        }
+
+
+_NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
 CONFIG_CLASSES = {
     "bert": BertConfig,
     "roberta": RobertaConfig,
     "xlm-roberta": XLMRobertaConfig,
     "camembert": CamembertConfig,
+    "mpnet": MPNetConfig,
 }
 _POSITIVE_INTEGERS = (
     "vocab_size",

@@ -84,7 +84,7 @@ def check_inputs(
     elif shape[1] > config.max_sequence_length:
         limit = f"max_position_embeddings = {config.max_position_embeddings}"
         if config.positions_after_padding:
-            limit = f"{config.max_sequence_length} = {limit} - pad_token_id ({config.pad_token_id}) - 1"
+            limit = f"{config.max_sequence_length} = {limit} - pad_token_id ({config.position_padding_idx}) - 1"
         raise ValueError(
             f"sequence length {shape[1]} exceeds {limit}; "
             f"truncate the input (tokenizer truncation=True, max_length={config.max_sequence_length})"

@@ -36,7 +36,7 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         # RoBERTa's pad position has its own row, initialised to zero and never trained, as its pad token's.
-        position_padding = config.pad_token_id if config.positions_after_padding else None
+        position_padding = config.position_padding_idx if config.positions_after_padding else None
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, position_padding)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -139,9 +139,11 @@ class BertIntermediate(nn.Module):
 
 
 class BertLayer(nn.Module):
+    attention_class: type[nn.Module] = BertAttention  # MPNet's names its parts differently
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.attention = BertAttention(config)
+        self.attention = self.attention_class(config)
         self.intermediate = BertIntermediate(config)
         self.output = BertResidualOutput(config, input_size=config.intermediate_size)
 
@@ -156,9 +158,11 @@ class BertEncoder(nn.Module):
     """The stack of layers, and how it is checkpointed in training (`checkpointing`, set by
     `activation_checkpointing_enable` in pretrained.py)."""
 
+    layer_class: type[nn.Module] = BertLayer
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(self.layer_class(config) for _ in range(config.num_hidden_layers))
         # A legacy `"gradient_checkpointing": true` in config.json turns it on, as in transformers, which reads it by
         # truthiness (older configs write 1).
         self.checkpointing = Checkpointing(enabled=bool(getattr(config, "gradient_checkpointing", False)))
@@ -212,6 +216,9 @@ class BertModel(BertPreTrainedModel):
     """
 
     base_prefix = ""
+    # The parts a family replaces (MPNet's embeddings have no token types; its encoder adds a position bias).
+    embeddings_class: type[nn.Module] = BertEmbeddings
+    encoder_class: type[nn.Module] = BertEncoder
 
     def __init__(
         self,
@@ -225,8 +232,8 @@ class BertModel(BertPreTrainedModel):
         # An explicit argument wins, then what the config says (transformers' `config._attn_implementation`).
         self.attn_implementation = attn_implementation or config._attn_implementation or DEFAULT_ATTENTION
         self.padding_free = padding_free
-        self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config)
+        self.embeddings = self.embeddings_class(config)
+        self.encoder = self.encoder_class(config)
         # Without a pooler the module tree has no pooler at all, so DDP sees no unused parameters.
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
@@ -264,7 +271,7 @@ class BertModel(BertPreTrainedModel):
         )
         if position_ids is None and self.config.positions_after_padding:
             # Counted on the padded rows, before a padding-free batch packs them: each sequence restarts.
-            position_ids = positions_after_padding(input_ids, inputs_embeds, self.config.pad_token_id)
+            position_ids = positions_after_padding(input_ids, inputs_embeds, self.config.position_padding_idx)
         batch = self.layout(attention_mask, output_attentions)
         hidden_states = self.embeddings(*batch.embedding_inputs(input_ids, token_type_ids, position_ids, inputs_embeds))
         hidden_states, all_hidden_states, all_attentions = self.encoder(

@@ -8,12 +8,15 @@ sequence: sequences of similar length are gathered into small padded buckets (at
 and attended with the same kernels as the padded path.
 
 Both layouts expose the same four steps (`embedding_inputs`, `attend`, `unpack`, and the kernel name they
-attend with), so the layers do not know which one they run on; `batch_layout` picks the layout of a call.
+attend with), so the layers do not know which one they run on; `batch_layout` picks the layout of a call. A layout
+can carry an additive attention bias over column positions (MPNet's relative-position bias, `with_attention_bias`):
+a bucket's sequences all start at column 0, so its bias is the top-left corner of the padded batch's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -63,12 +66,18 @@ class PaddedBatch:
 
     key_mask: Tensor | None
     implementation: str  # the attention kernel, "sdpa" or "eager"
+    attention_bias: Tensor | None = None  # (1, heads, sequence, sequence), added to every row's scores
 
     def embedding_inputs(self, *inputs: Tensor | None) -> tuple[Tensor | None, ...]:
         return inputs
 
+    def with_attention_bias(self, bias: Tensor) -> PaddedBatch:
+        return replace(self, attention_bias=bias)
+
     def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, Tensor | None]:
-        return multi_head_attention(query, key, value, self.key_mask, implementation=self.implementation, **options)
+        return multi_head_attention(
+            query, key, value, self.key_mask, implementation=self.implementation, bias=self.attention_bias, **options
+        )
 
     def unpack(self, hidden_states: Tensor) -> Tensor:
         return hidden_states
@@ -89,6 +98,8 @@ class PackedBatch:
     >>> packed.pack(torch.arange(6).view(2, 3)).tolist()
     [0, 1, 2, 3, 4]
     """
+
+    attention_bias: Tensor | None = None  # (1, heads, sequence, sequence) over the padded batch's columns
 
     def __init__(self, attention_mask: Tensor, implementation: str = "sdpa") -> None:
         self.implementation = implementation
@@ -131,6 +142,11 @@ class PackedBatch:
         inputs = (input_ids, token_type_ids, position_ids, inputs_embeds)
         return tuple(None if tensor is None else self.pack(tensor) for tensor in inputs)
 
+    def with_attention_bias(self, bias: Tensor) -> PackedBatch:
+        biased = copy.copy(self)
+        biased.attention_bias = bias
+        return biased
+
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, sequence, ...), zeros at pad positions."""
         batch, sequence = self.shape
@@ -141,12 +157,15 @@ class PackedBatch:
     def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, None]:
         outputs = []
         for bucket in self.buckets:
+            longest = bucket.gather.shape[1]
+            bias = None if self.attention_bias is None else self.attention_bias[..., :longest, :longest]
             context, _ = multi_head_attention(
                 query[bucket.gather],
                 key[bucket.gather],
                 value[bucket.gather],
                 bucket.key_mask,
                 implementation=self.implementation,
+                bias=bias,
                 **options,
             )
             outputs.append(context[bucket.real])

@@ -261,7 +261,7 @@ class _CheckpointFacts:
     hidden_size: int
     model_type: str  # config.json's: which family's classes load it, in both libraries
     mlm_head: str  # the masked-LM head's module name in the family's layout (`cls.predictions`, `lm_head`)
-    first_position: int  # the position of a sequence's first token: 0, RoBERTa's pad_token_id + 1
+    first_position: int  # the position of a sequence's first token: 0, RoBERTa's pad_token_id + 1, MPNet's 2
     weight_files: list[dict[str, Any]]
     reference_weight_files: list[dict[str, Any]]
 
@@ -292,7 +292,7 @@ class _CheckpointFacts:
             hidden_size=config.hidden_size,
             model_type=config.model_type,
             mlm_head=mlm_head.removesuffix("."),
-            first_position=config.pad_token_id + 1 if config.positions_after_padding else 0,
+            first_position=config.position_padding_idx + 1 if config.positions_after_padding else 0,
             weight_files=weight_files,
             reference_weight_files=reference_files,
         )

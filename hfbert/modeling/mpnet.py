@@ -1,0 +1,226 @@
+"""MPNet (all-mpnet-base-v2): BERT's encoder with other names, no token types and a relative-position bias, and its
+task heads.
+
+What MPNet changes, part by part (docs/architecture.md has the table):
+
+- embeddings: words + positions, no token types; positions count from 2 over non-pad tokens and are 1 at pads
+  (RoBERTa's scheme with the padding index fixed at 1, `MPNetConfig.position_padding_idx`);
+- attention: `attention.attn.q / k / v` project, `attention.attn.o` projects back (inside `attn`), then
+  `attention.LayerNorm` on the residual sum (BERT's `attention.self.*` / `attention.output.*`);
+- scores: one learned bias per head and relative distance, `encoder.relative_attention_bias`, shared by every layer
+  and added to the scaled scores (`relative_position.py`). It depends on column distances only, so the padding-free
+  layout gives each bucket the top-left corner of the batch's bias;
+- forward: BERT's arguments less `token_type_ids` (all-zero ones are accepted by keyword, and refused otherwise);
+- heads: RoBERTa's names (`lm_head`, `classifier.dense / out_proj`, `qa_outputs`) under `mpnet.`, every dropout
+  `hidden_dropout_prob` (MPNet has no classifier_dropout).
+
+    >>> import torch, hfbert
+    >>> model = hfbert.MPNetModel(hfbert.MPNetConfig(num_hidden_layers=1))
+    >>> model(input_ids=torch.tensor([[0, 7592, 2]])).last_hidden_state.shape
+    torch.Size([1, 3, 768])
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from converters.key_map import MPNET_KEYS, KeyLayout
+from hfbert.modeling.config import BertConfig, MPNetConfig
+from hfbert.modeling.heads import BertForQuestionAnswering, BertForTokenClassification
+from hfbert.modeling.model import BertEncoder, BertLayer, BertModel
+from hfbert.modeling.padding import PackedBatch, PaddedBatch
+from hfbert.modeling.relative_position import relative_position_bias
+from hfbert.modeling.roberta import (
+    RobertaForMaskedLM,
+    RobertaForMultipleChoice,
+    RobertaForSequenceClassification,
+)
+
+
+class MPNetEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        padding = config.position_padding_idx
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=padding)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, padding)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: Tensor | None,
+        token_type_ids: Tensor | None,  # always None: MPNet has no token types
+        position_ids: Tensor,  # from `BertModel.forward` (positions after padding)
+        inputs_embeds: Tensor | None,
+    ) -> Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        return self.dropout(self.LayerNorm(inputs_embeds + self.position_embeddings(position_ids)))
+
+
+class MPNetSelfAttention(nn.Module):
+    """`attn`: q, k, v projections, attention with the batch's position bias, and the `o` projection back."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        config.check_heads()
+        self.num_heads = config.num_attention_heads
+        self.scale = config.head_size**-0.5
+        self.dropout_probability = config.attention_probs_dropout_prob
+        self.q = nn.Linear(config.hidden_size, config.hidden_size)
+        self.k = nn.Linear(config.hidden_size, config.hidden_size)
+        self.v = nn.Linear(config.hidden_size, config.hidden_size)
+        self.o = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
+        context, probabilities = batch.attend(
+            self.q(hidden_states),
+            self.k(hidden_states),
+            self.v(hidden_states),
+            num_heads=self.num_heads,
+            scale=self.scale,
+            dropout=self.dropout_probability if self.training else 0.0,
+        )
+        return self.o(context), probabilities
+
+
+class MPNetAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attn = MPNetSelfAttention(config)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
+        projected, probabilities = self.attn(hidden_states, batch)
+        return self.LayerNorm(self.dropout(projected) + hidden_states), probabilities
+
+
+class MPNetLayer(BertLayer):
+    """BERT's layer (`intermediate`, `output` as BERT's) around MPNet's attention."""
+
+    attention_class = MPNetAttention
+
+
+class MPNetEncoder(BertEncoder):
+    """BERT's stack of layers, and the relative-position bias table they share (`relative_attention_bias`)."""
+
+    layer_class = MPNetLayer
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, config.num_attention_heads)
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        batch: PaddedBatch | PackedBatch,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor | None]]:
+        # Over the batch's columns, once per call (transformers' MPNet ignores position_ids here too).
+        length = batch.shape[1] if isinstance(batch, PackedBatch) else hidden_states.shape[1]
+        batch = batch.with_attention_bias(relative_position_bias(self.relative_attention_bias, length))
+        return super().forward(hidden_states, batch, output_hidden_states, output_attentions)
+
+
+def check_no_token_types(token_type_ids: Tensor | None) -> None:
+    """MPNet has no token-type embeddings: all-zero ids (what a BERT tokenizer gives one text) mean nothing and are
+    accepted; any other id would be silently dropped, so it is refused."""
+    if token_type_ids is not None and bool((token_type_ids != 0).any()):
+        raise ValueError(
+            "token_type_ids: MPNet has no token types (no token_type_embeddings), but non-zero ids were given; "
+            "pass none (MPNet's tokenizer gives none) or all zeros"
+        )
+
+
+def without_token_types(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """A BERT model's `forward` with MPNet's signature, as transformers' MPNet models have it: the same arguments in
+    the same order, less `token_type_ids` (still accepted by keyword: `check_no_token_types`)."""
+    signature = inspect.signature(forward)
+    mpnet = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "token_type_ids"])
+
+    @functools.wraps(forward)
+    def mpnet_forward(self: nn.Module, *args: Any, token_type_ids: Tensor | None = None, **kwargs: Any) -> Any:
+        check_no_token_types(token_type_ids)
+        return forward(**mpnet.bind(self, *args, **kwargs).arguments)
+
+    mpnet_forward.__signature__ = mpnet
+    return mpnet_forward
+
+
+class MPNetModel(BertModel):
+    """The MPNet encoder; a drop-in for `transformers.MPNetModel` (same state dict keys, forward arguments and outputs).
+    Unlike transformers' (eager only), it runs sdpa with the bias as an additive mask, and padding-free in eval."""
+
+    config_class: ClassVar[type[BertConfig]] = MPNetConfig
+    base_model_prefix: ClassVar[str] = "mpnet"
+    key_layout: ClassVar[KeyLayout] = MPNET_KEYS
+    embeddings_class = MPNetEmbeddings
+    encoder_class = MPNetEncoder
+
+    forward = without_token_types(BertModel.forward)
+
+
+class _MPNetFamily:
+    """What every MPNet task model declares: its config class, its encoder, where its tensors live, and MPNet's
+    dropout before every head (`hidden_dropout_prob`)."""
+
+    config_class: ClassVar[type[BertConfig]] = MPNetConfig
+    backbone_class: ClassVar[type[BertModel]] = MPNetModel
+    base_prefix: ClassVar[str] = "mpnet."
+    base_model_prefix: ClassVar[str] = "mpnet"
+    key_layout: ClassVar[KeyLayout] = MPNET_KEYS
+
+    def encode(self, *inputs: Any) -> Any:
+        """The encoder on BERT's seven forward arguments (input_ids ... output_hidden_states), passed by keyword:
+        MPNetModel's positional order has no token_type_ids."""
+        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, attentions, hidden = inputs
+        return self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=attentions,
+            output_hidden_states=hidden,
+            return_dict=True,
+        )
+
+    def classifier_dropout(self) -> nn.Dropout:
+        return nn.Dropout(self.config.hidden_dropout_prob)
+
+
+class MPNetForMaskedLM(_MPNetFamily, RobertaForMaskedLM):
+    """`lm_head` as RoBERTa's: dense -> exact GELU -> layer_norm -> decoder (tied to the word embeddings)."""
+
+    forward = without_token_types(RobertaForMaskedLM.forward)
+
+
+class MPNetForSequenceClassification(_MPNetFamily, RobertaForSequenceClassification):
+    """`classifier` as RoBERTa's (`<s>` -> dense -> tanh -> out_proj), dropping out with `hidden_dropout_prob`."""
+
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
+        super().__init__(config, attn_implementation)
+        self.classifier.dropout = self.classifier_dropout()
+
+    forward = without_token_types(RobertaForSequenceClassification.forward)
+
+
+class MPNetForTokenClassification(_MPNetFamily, BertForTokenClassification):
+    forward = without_token_types(BertForTokenClassification.forward)
+
+
+class MPNetForQuestionAnswering(_MPNetFamily, BertForQuestionAnswering):
+    forward = without_token_types(BertForQuestionAnswering.forward)
+
+
+class MPNetForMultipleChoice(_MPNetFamily, RobertaForMultipleChoice):
+    """BERT's multiple choice (the pooler, dropout, one logit per choice)."""
+
+    forward = without_token_types(RobertaForMultipleChoice.forward)
