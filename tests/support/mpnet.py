@@ -76,3 +76,34 @@ def mpnet_directory(cache: Path) -> Path:
             if not (directory / "model.safetensors").is_file():
                 raise
     return directory
+
+
+# An MPNet small enough for every test, with all-mpnet-base-v2's vocabulary (its tokenizer is copied beside it).
+TINY = dict(
+    vocab_size=30527,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=514,
+    layer_norm_eps=1e-5,
+    num_labels=3,
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def tiny_mpnet_checkpoint(directory: Path, real: Path, task: str = "ForMaskedLM", **fields) -> Path:
+    """transformers' `MPNet<task>` of `TINY` (random weights far from its init, so every difference shows), saved by
+    `save_pretrained` to `directory` with all-mpnet-base-v2's tokenizer files from `real` (the `real_mpnet` folder)."""
+    import torch
+    import transformers
+
+    from support.helpers import randomize_weights
+
+    config = transformers.MPNetConfig(**{**TINY, **fields})
+    model = getattr(transformers, f"MPNet{task}")(config)
+    torch.manual_seed(0)
+    randomize_weights(model).eval().save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        shutil.copy(real / name, directory / name)
+    return directory
