@@ -104,6 +104,7 @@ __all__ = [
     "MPNetForSequenceClassification",
     "MPNetForTokenClassification",
     "MPNetModel",
+    "MPNetTokenizer",
     "RobertaConfig",
     "RobertaForMaskedLM",
     "RobertaForMultipleChoice",
@@ -128,7 +129,8 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # The tokenizer pulls in the `tokenizers` library; load it on first use so `import hfbert` stays light.
-    if name in ("AutoTokenizer", "BertTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer", "BatchEncoding"):
+    tokenizers = ("AutoTokenizer", "BertTokenizer", "MPNetTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer")
+    if name in (*tokenizers, "BatchEncoding"):
         from hfbert.modeling import tokenizer
 
         return getattr(tokenizer, name)

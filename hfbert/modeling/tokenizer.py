@@ -6,8 +6,9 @@ WordPiece -> `[CLS] A [SEP] B [SEP]`. `RobertaTokenizer` (byte-level BPE, from `
 `merges.txt`) and `XLMRobertaTokenizer` (XLM-R's and CamemBERT's SentencePiece Unigram, from `tokenizer.json`) keep
 the file's model and added tokens and build the rest of the pipeline from tokenizer_config.json as transformers 5
 does: `<s> A </s></s> B </s>`, no token types, no normalizer but SentencePiece's own (so no lowercasing).
+`MPNetTokenizer` (from `tokenizer.json` or `vocab.txt`) is BERT's WordPiece pipeline with RoBERTa's framing.
 `AutoTokenizer` picks the class from tokenizer_config.json's `tokenizer_class` or config.json's `model_type`.
-The three share everything after the pipeline: encoding, padding and truncation (transformers' rules: argument
+The four share everything after the pipeline: encoding, padding and truncation (transformers' rules: argument
 defaults, `model_max_length`, strategies), decoding and saving.
 
     >>> tokenizer = BertTokenizer.from_pretrained("path/to/bert-base-uncased")  # doctest: +SKIP
@@ -33,6 +34,7 @@ from converters.json_files import read_json_object
 from converters.tokenizer_files import read_merges_txt, read_vocab_json, read_vocab_txt
 from hfbert.modeling.tokenizer_files import (
     LARGE_INTEGER,
+    MPNET_SPECIAL_TOKENS,
     NO_MAX_LENGTH,
     ROBERTA_SPECIAL_TOKENS,
     SPECIAL_TOKENS,
@@ -51,6 +53,7 @@ __all__ = [
     "AutoTokenizer",
     "BatchEncoding",
     "BertTokenizer",
+    "MPNetTokenizer",
     "RobertaTokenizer",
     "XLMRobertaTokenizer",
     "model_max_length",
@@ -88,6 +91,8 @@ class BertTokenizer:
     special_token_defaults: dict[str, str] = SPECIAL_TOKENS
     # tokenizer_config.json's options the pipeline is built from (beyond BERT's normalizer), with their defaults.
     pipeline_options: dict[str, Any] = {}
+    # The named special tokens that take the space before them even when the config gives them as a plain string.
+    lstrip_tokens: tuple[str, ...] = ()
     unk_token_id: int | None
     sep_token_id: int | None
     pad_token_id: int | None
@@ -123,6 +128,10 @@ class BertTokenizer:
         # transformers lets the legacy map override the config then.
         special_map = read_tokenizer_options(directory / "special_tokens_map.json") if legacy else {}
         config = {**own, **special_map}
+        for key in cls.lstrip_tokens:
+            if not isinstance(config.get(key), dict):
+                text = token_text(config.get(key), cls.special_token_defaults[key])
+                config[key] = {"content": text, "lstrip": True, "rstrip": False, "normalized": False}
         tokenizer = cls._backend(directory, config, own)
         _add_tokens(tokenizer, added_tokens(config, own, special_map, directory, cls.special_token_defaults))
         cls._post_process(tokenizer, config)
@@ -141,10 +150,7 @@ class BertTokenizer:
             return tokenizer
         if (directory / "vocab.txt").is_file():
             check_wordpiece_class(own.get("tokenizer_class"), directory / "tokenizer_config.json")
-            try:
-                return _build_from_vocab(directory / "vocab.txt", config)
-            except UnicodeDecodeError as error:
-                raise ValueError(f"{directory / 'vocab.txt'}: not valid UTF-8 ({error.reason})") from None
+            return _build_from_vocab(directory / "vocab.txt", config)
         raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (one is needed to tokenize)")
 
     @classmethod
@@ -416,16 +422,8 @@ class RobertaTokenizer(BertTokenizer):
 
     @classmethod
     def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
-        sep, cls_token = (
-            token_text(config.get(key), cls.special_token_defaults[key]) for key in ("sep_token", "cls_token")
-        )
         options = cls._options(config)
-        tokenizer.post_processor = processors.RobertaProcessing(
-            (sep, tokenizer.token_to_id(sep)),
-            (cls_token, tokenizer.token_to_id(cls_token)),
-            trim_offsets=options["trim_offsets"],
-            add_prefix_space=options["add_prefix_space"],
-        )
+        tokenizer.post_processor = _roberta_processing(tokenizer, config, cls.special_token_defaults, **options)
 
     def _vocabulary_files(self) -> dict[str, str]:
         return {}
@@ -481,18 +479,62 @@ class XLMRobertaTokenizer(RobertaTokenizer):
         )
 
 
+class MPNetTokenizer(BertTokenizer):
+    """MPNet's tokenizer (all-mpnet-base-v2, microsoft/mpnet-base), as transformers' MPNetTokenizer(Fast): BERT's
+    WordPiece with RoBERTa's framing, `<s> A </s></s> B </s>`, no token types; `<mask>` takes the space before it
+    (even when tokenizer_config.json gives it as a plain string).
+
+    From `tokenizer.json` (its WordPiece vocabulary and added tokens) or from `vocab.txt`; the rest is rebuilt from
+    tokenizer_config.json as transformers 5 rebuilds it, whatever tokenizer.json stores: BertNormalizer
+    (`do_lower_case`, `strip_accents`, `tokenize_chinese_chars`), BertPreTokenizer, WordPiece with the config's
+    unknown token, WordPiece decoder, RobertaProcessing (offsets trimmed, no prefix space)."""
+
+    model_input_names = ("input_ids", "attention_mask")
+    special_token_defaults = MPNET_SPECIAL_TOKENS
+    lstrip_tokens = ("mask_token",)
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    @classmethod
+    def _backend(cls, directory: Path, config: dict[str, Any], own: dict[str, Any]) -> Tokenizer:
+        if (directory / "tokenizer.json").is_file():
+            path = directory / "tokenizer.json"
+            source = _read_tokenizer_json(path)
+            _check_model(source, models.WordPiece, path, cls.__name__)
+            vocab = source.get_vocab(with_added_tokens=False)
+            file_tokens = _file_tokens(source)
+        elif (directory / "vocab.txt").is_file():
+            path = directory / "vocab.txt"
+            vocab, file_tokens = _read_vocab(path), []
+        else:
+            raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (MPNet's tokenizer needs one)")
+        unk = token_text(config.get("unk_token"), cls.special_token_defaults["unk_token"])
+        if unk not in vocab:  # WordPiece would fail on the first unknown word instead
+            raise ValueError(f"{path}: the unk_token {unk!r} is not in the vocabulary")
+        tokenizer = _wordpiece(vocab, unk, config)
+        # As RoBERTa: the config's added tokens where it has them (a 4.x config), else tokenizer.json's.
+        _add_tokens(tokenizer, _decoder_tokens(own) if "added_tokens_decoder" in own else file_tokens)
+        return tokenizer
+
+    @classmethod
+    def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+        tokenizer.post_processor = _roberta_processing(tokenizer, config, cls.special_token_defaults)
+
+
 # transformers' tokenizer classes (its `tokenizer_class`, "Fast" dropped) and model types, by hfbert's class.
 _TOKENIZER_CLASSES: dict[str, type[BertTokenizer]] = {
     **dict.fromkeys(WORDPIECE_CLASSES, BertTokenizer),
     "RobertaTokenizer": RobertaTokenizer,
     "XLMRobertaTokenizer": XLMRobertaTokenizer,
     "CamembertTokenizer": XLMRobertaTokenizer,
+    "MPNetTokenizer": MPNetTokenizer,
 }
 _MODEL_TYPES: dict[str, type[BertTokenizer]] = {
     "bert": BertTokenizer,
     "roberta": RobertaTokenizer,
     "xlm-roberta": XLMRobertaTokenizer,
     "camembert": XLMRobertaTokenizer,
+    "mpnet": MPNetTokenizer,
 }
 
 
@@ -535,15 +577,12 @@ def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None) -
 
 def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
     """The pipeline transformers' BertTokenizer(Fast)/BertConverter builds from vocab.txt and its options."""
-    vocab = read_vocab_txt(vocab_file)
+    vocab = _read_vocab(vocab_file)
     specials = {key: token_text(config.get(key), default) for key, default in SPECIAL_TOKENS.items()}
     for key in ("unk_token", "cls_token", "sep_token"):
         if specials[key] not in vocab:
             raise ValueError(f"{vocab_file}: the {key} {specials[key]!r} is not in the vocabulary")
-    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=specials["unk_token"], max_input_chars_per_word=100))
-    tokenizer.normalizer = _bert_normalizer(config)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = _wordpiece(vocab, specials["unk_token"], config)
     _add_tokens(tokenizer, _decoder_tokens(config))
     cls, sep = specials["cls_token"], specials["sep_token"]
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -552,6 +591,40 @@ def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
         special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
     )
     return tokenizer
+
+
+def _read_vocab(vocab_file: Path) -> dict[str, int]:
+    try:
+        return read_vocab_txt(vocab_file)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{vocab_file}: not valid UTF-8 ({error.reason})") from None
+
+
+def _wordpiece(vocab: dict[str, int], unk_token: str, config: dict[str, Any]) -> Tokenizer:
+    """BERT's pipeline before the special tokens, as transformers builds it from a vocabulary and the config:
+    BertNormalizer -> BertPreTokenizer -> WordPiece ("##" pieces; a word over 100 characters is unknown)."""
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=unk_token, max_input_chars_per_word=100))
+    tokenizer.normalizer = _bert_normalizer(config)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return tokenizer
+
+
+def _roberta_processing(
+    tokenizer: Tokenizer,
+    config: dict[str, Any],
+    defaults: dict[str, str],
+    trim_offsets: bool = True,
+    add_prefix_space: bool = False,
+) -> processors.RobertaProcessing:
+    """RoBERTa's framing `<s> A </s></s> B </s>` with the config's cls and sep tokens and their ids."""
+    sep, cls = (token_text(config.get(key), defaults[key]) for key in ("sep_token", "cls_token"))
+    return processors.RobertaProcessing(
+        (sep, tokenizer.token_to_id(sep)),
+        (cls, tokenizer.token_to_id(cls)),
+        trim_offsets=trim_offsets,
+        add_prefix_space=add_prefix_space,
+    )
 
 
 def _read_tokenizer_json(path: Path) -> Tokenizer:

@@ -36,6 +36,8 @@ ROBERTA_SPECIAL_TOKENS = {
     "cls_token": "<s>",
     "mask_token": "<mask>",
 }
+# MPNet's: RoBERTa's, but BERT's unknown token (its vocabulary is BERT's, with RoBERTa's special tokens added).
+MPNET_SPECIAL_TOKENS = {**ROBERTA_SPECIAL_TOKENS, "unk_token": "[UNK]"}
 # transformers' "no limit" (VERY_LARGE_INTEGER) when a config has no model_max_length; above LARGE_INTEGER a
 # limit counts as none, so truncation/padding "to the model's length" is then skipped.
 NO_MAX_LENGTH = int(1e30)
