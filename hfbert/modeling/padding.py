@@ -10,7 +10,8 @@ and attended with the same kernels as the padded path.
 Both layouts expose the same four steps (`embedding_inputs`, `attend`, `unpack`, and the kernel name they
 attend with), so the layers do not know which one they run on; `batch_layout` picks the layout of a call. A layout
 can carry an additive attention bias over column positions (MPNet's relative-position bias, `with_attention_bias`):
-a bucket's sequences all start at column 0, so its bias is the top-left corner of the padded batch's.
+a bucket's sequences all start at column 0, so its bias is the top-left corner of the padded batch's. The key mask is
+folded into the bias there, once per forward, not in every layer.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def key_padding_mask(attention_mask: Tensor) -> Tensor:
     return key_mask | ~key_mask.any(dim=-1, keepdim=True)
 
 
+def masked_bias(bias: Tensor, key_mask: Tensor | None) -> Tensor:
+    """An additive attention bias with the key mask folded in: the dtype's lowest finite value where a key may not be
+    attended (as the eager kernel's masked_fill), so that one tensor does both jobs in every layer."""
+    if key_mask is None:
+        return bias
+    return bias.masked_fill(~key_mask, torch.finfo(bias.dtype).min)
+
+
 @dataclass
 class PaddedBatch:
     """The dense layout: (batch, sequence, hidden) with a boolean key mask (batch, 1, 1, sequence) or None."""
@@ -72,7 +81,8 @@ class PaddedBatch:
         return inputs
 
     def with_attention_bias(self, bias: Tensor) -> PaddedBatch:
-        return replace(self, attention_bias=bias)
+        """This layout with `bias` (1, heads, sequence, sequence) added to the scores, the key mask folded in."""
+        return replace(self, key_mask=None, attention_bias=masked_bias(bias, self.key_mask))
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, Tensor | None]:
         return multi_head_attention(
@@ -99,7 +109,7 @@ class PackedBatch:
     [0, 1, 2, 3, 4]
     """
 
-    attention_bias: Tensor | None = None  # (1, heads, sequence, sequence) over the padded batch's columns
+    bucket_biases: tuple[Tensor, ...] | None = None  # each bucket's attention bias, its key mask folded in
 
     def __init__(self, attention_mask: Tensor, implementation: str = "sdpa") -> None:
         self.implementation = implementation
@@ -143,8 +153,13 @@ class PackedBatch:
         return tuple(None if tensor is None else self.pack(tensor) for tensor in inputs)
 
     def with_attention_bias(self, bias: Tensor) -> PackedBatch:
+        """This layout with `bias` (1, heads, sequence, sequence), over the padded batch's columns, added to the
+        scores: each bucket takes its top-left corner."""
         biased = copy.copy(self)
-        biased.attention_bias = bias
+        biased.bucket_biases = tuple(
+            masked_bias(bias[..., : bucket.real.shape[1], : bucket.real.shape[1]], bucket.key_mask)
+            for bucket in self.buckets
+        )
         return biased
 
     def unpack(self, packed: Tensor) -> Tensor:
@@ -156,14 +171,13 @@ class PackedBatch:
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, None]:
         outputs = []
-        for bucket in self.buckets:
-            longest = bucket.gather.shape[1]
-            bias = None if self.attention_bias is None else self.attention_bias[..., :longest, :longest]
+        for index, bucket in enumerate(self.buckets):
+            bias = None if self.bucket_biases is None else self.bucket_biases[index]
             context, _ = multi_head_attention(
                 query[bucket.gather],
                 key[bucket.gather],
                 value[bucket.gather],
-                bucket.key_mask,
+                bucket.key_mask if bias is None else None,
                 implementation=self.implementation,
                 bias=bias,
                 **options,
