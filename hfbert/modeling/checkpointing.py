@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from hfbert.modeling.padding import PaddedBatch
 
 
 @dataclass(frozen=True)
@@ -33,10 +36,19 @@ class Checkpointing:
         """Whether layer `layer_index` is recomputed in the backward pass (when training)."""
         return self.enabled and layer_index % self.every_n_layers == 0
 
-    def run(self, layer: Callable[..., Any], hidden_states: torch.Tensor, *inputs: Any) -> Any:
-        """`layer(hidden_states, *inputs)`, its activations recomputed in the backward pass instead of kept."""
+    def run(self, layer: Callable[..., Any], hidden_states: torch.Tensor, batch: PaddedBatch) -> Any:
+        """`layer(hidden_states, batch)`, its activations recomputed in the backward pass instead of kept (training
+        runs padded: `BertModel.layout`)."""
+
+        # The batch's attention bias (MPNet's, one graph shared by every layer) goes in as a tensor argument of its
+        # own: the reentrant variant backpropagates only into its tensor arguments, and would otherwise run the
+        # shared graph's backward from inside each layer (an error from the second layer on).
+        def biased_layer(hidden_states: torch.Tensor, bias: torch.Tensor | None) -> Any:
+            return layer(hidden_states, batch if bias is None else batch.with_attention_bias(bias))
+
+        inputs = (biased_layer, hidden_states, batch.attention_bias)
         if not self.offload:
-            return checkpoint(layer, hidden_states, *inputs, **self.kwargs)
+            return checkpoint(*inputs, **self.kwargs)
         # Pinned host memory only when a GPU will read the saved inputs back.
         with torch.autograd.graph.save_on_cpu(pin_memory=hidden_states.is_cuda):
-            return checkpoint(layer, hidden_states, *inputs, **self.kwargs)
+            return checkpoint(*inputs, **self.kwargs)
