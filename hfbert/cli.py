@@ -216,7 +216,7 @@ def fill_mask_command(arguments: argparse.Namespace) -> None:
     from hfbert.modeling.tokenizer import AutoTokenizer
 
     directory = resolve_model(arguments, arguments.model, include_tokenizer=True)
-    model, info = AutoModelForMaskedLM.from_pretrained(  # the family's: BertForMaskedLM, XLMRobertaForMaskedLM, ...
+    model, info = AutoModelForMaskedLM.from_pretrained(  # the family's: BertForMaskedLM, MPNetForMaskedLM, ...
         directory,
         device=arguments.device,
         dtype=arguments.dtype,
@@ -554,12 +554,14 @@ def build_parser() -> argparse.ArgumentParser:
     fill_mask = _command(
         commands,
         "fill-mask",
-        "top-k tokens for the mask token in a text ([MASK]; RoBERTa's <mask>)",
+        "top-k tokens for the mask token in a text ([MASK]; RoBERTa's and MPNet's <mask>)",
         "hfbert fill-mask google-bert/bert-base-uncased 'Paris is the [MASK] of France.'",
         "hfbert fill-mask ./my-mlm 'A [MASK] day.' --top-k 10 --json",
     )
     fill_mask.add_argument("model", help="local directory or Hub repo id (with a masked-LM head)")
-    fill_mask.add_argument("text", help='a text with one [MASK], e.g. "Paris is the [MASK] of France."')
+    fill_mask.add_argument(
+        "text", help='a text with one mask token, e.g. "Paris is the [MASK] of France." (<mask> for RoBERTa, MPNet)'
+    )
     fill_mask.add_argument(
         "--top-k", metavar="K", type=positive_integer, default=5, help="how many tokens to list (default: 5)"
     )

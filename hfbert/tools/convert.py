@@ -6,7 +6,8 @@ names, no legacy buffers, no wrappers, the tied MLM decoder weight not stored (i
 A backbone-only source is written as transformers' `BertModel` stores it (no prefix); a source with task heads
 keeps them, with the backbone under `bert.`, as `BertFor...` models store it. RoBERTa, XLM-RoBERTa and CamemBERT
 (config.json's model_type) are written as their transformers classes store them: `roberta.`, `lm_head.`,
-`classifier.dense / out_proj`, the tied `lm_head.decoder` not stored. Tokenizer files are copied, and for
+`classifier.dense / out_proj`, the tied `lm_head.decoder` not stored; MPNet the same under `mpnet.`, with its
+`encoder.relative_attention_bias` and `attention.attn.q / k / v / o`. Tokenizer files are copied, and for
 a backbone the sentence-transformers files too (modules.json, 1_Pooling/, ...: `SentenceTransformer(destination)`
 keeps the source's pooling and Normalize).
 

@@ -1,17 +1,20 @@
 """`describe`: what a checkpoint holds and what hfbert's key map does to it, as plain text (`summary`: as data).
 
-Config summary; custom code the config maps the model to (`auto_map`, which hfbert does not run); the tokenizer
-and whether it fits the model (ids past `vocab_size`, a `model_max_length` past the position embeddings); files with
-sizes and sha256; the tensor table (name, shape, dtype, bytes, key map action) with encoder layers folded when they are
-identical; parameter counts.
+Config summary (with the fields a family adds to BERT's, such as MPNet's relative_attention_num_buckets, and no
+token types where the model has none); custom code the config maps the model to (`auto_map`, which hfbert does not
+run); the tokenizer and whether it fits the model (ids past `vocab_size`, a `model_max_length` past the position
+embeddings); files with sizes and sha256; the tensor table (name, shape, dtype, bytes, key map action) with encoder
+layers folded when they are identical; parameter counts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from inspect import signature
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import dtype_name
@@ -19,6 +22,9 @@ from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sha256_of
 from converters.key_map import LAYOUTS, map_key
 from converters.loading import check_auto_map
+
+if TYPE_CHECKING:
+    from hfbert.modeling.config import BertConfig
 
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 # A model_max_length above this is transformers' "no limit" (hfbert.modeling.tokenizer.model_max_length).
@@ -76,13 +82,27 @@ def summary(directory: Path) -> dict[str, Any]:
             counts["heads" if mapped.action == "ignored" else "backbone"] += tensor.numel()
     return {
         "checkpoint": str(directory),
-        "config": {key: getattr(config, key) for key in _CONFIG_FIELDS},
+        "config": config_facts(config),
         "custom_code": custom_code,
         "tokenizer": tokenizer_summary(directory, config.vocab_size, config.max_sequence_length, limit_name),
         "files": files,
         "tensors": tensors,
         "parameters": {**counts, "total": counts["backbone"] + counts["heads"]},
     }
+
+
+def config_facts(config: BertConfig) -> dict[str, Any]:
+    """The config fields `describe` shows, then those `config`'s family adds to BERT's (MPNet's
+    `relative_attention_num_buckets`); `type_vocab_size` is None for a model without token types (MPNet's forward
+    takes no token_type_ids, whatever config.json says)."""
+    from hfbert.modeling.auto import model_class
+    from hfbert.modeling.config import BertConfig
+
+    facts = {key: getattr(config, key) for key in _CONFIG_FIELDS}
+    if "token_type_ids" not in signature(model_class(config).forward).parameters:
+        facts["type_vocab_size"] = None
+    bert = BertConfig.__dataclass_fields__
+    return facts | {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in bert}
 
 
 def describe_files(files: list[Path]) -> list[dict[str, Any]]:
@@ -136,7 +156,9 @@ def describe(directory: Path) -> str:
         f"config      {c['model_type']}, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
         f"{c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
         f"positions {c['max_position_embeddings']} (longest input {c['max_sequence_length']}), "
-        f"token types {c['type_vocab_size']}, {c['hidden_act']}",
+        + ("no token types" if c["type_vocab_size"] is None else f"token types {c['type_vocab_size']}")
+        + "".join(f", {key} {value}" for key, value in c.items() if key not in _CONFIG_FIELDS)
+        + f", {c['hidden_act']}",
     ]
     if facts["custom_code"] is not None:
         entries = facts["custom_code"]["auto_map"]

@@ -2,8 +2,8 @@
 
 sentence-transformers keeps the Hugging Face encoder in the `model` attribute of its `Transformer` module (also
 read as `auto_model`). `use_hfbert_backbone` puts hfbert's encoder of the same family there (`hfbert.BertModel`,
-`hfbert.RobertaModel`, `hfbert.XLMRobertaModel`, ...: config.json's model_type picks it) in place of transformers'
-one, built on the very same weight tensors (no copy, same device and dtype). Tokenization,
+`hfbert.RobertaModel`, `hfbert.XLMRobertaModel`, `hfbert.MPNetModel`, ...: config.json's model_type picks it) in
+place of transformers' one, built on the very same weight tensors (no copy, same device and dtype). Tokenization,
 truncation at `max_seq_length`, pooling, normalisation, batching and `encode` stay sentence-transformers' own.
 
     >>> from hfbert.tools.sentence_transformers_backbone import sentence_transformer_with_hfbert
@@ -52,10 +52,12 @@ def sentence_transformer_with_hfbert(
 
 def use_hfbert_backbone(model: SentenceTransformer, *, attn_implementation: str | None = None) -> SentenceTransformer:
     """Replace, in place, transformers' encoder (`BertModel`, `RobertaModel`, `XLMRobertaModel`,
-    `CamembertModel`) of every `Transformer` module of `model` by hfbert's encoder of the same family, holding the
-    same parameters; return `model`.
+    `CamembertModel`, `MPNetModel`) of every `Transformer` module of `model` by hfbert's encoder of the same family,
+    holding the same parameters; return `model`.
 
-    `attn_implementation` ("sdpa" or "eager") defaults to the one transformers was using when hfbert has it.
+    `attn_implementation` ("sdpa" or "eager") defaults to the one transformers was using when hfbert has it, and to
+    hfbert's default (sdpa) where transformers' class runs eager only (MPNet's).
+
     Raises ValueError, before changing anything, when a `Transformer` module holds anything but such an encoder
     (another architecture, a task head such as BertForMaskedLM, an ONNX or OpenVINO backend) or there is none.
     Calling it again is a no-op.
@@ -85,7 +87,8 @@ def _hfbert_from_transformers(encoder: torch.nn.Module, attn_implementation: str
     `encoder`'s parameters (and its training mode)."""
     if attn_implementation is None:
         attn_implementation = getattr(encoder.config, "_attn_implementation", None)
-        if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        # A class that cannot run sdpa (transformers' MPNet) runs eager for want of it, not by the user's choice.
+        if attn_implementation not in ATTENTION_IMPLEMENTATIONS or not getattr(encoder, "_supports_sdpa", False):
             attn_implementation = DEFAULT_ATTENTION
     config = BertConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
     with torch.device("meta"):  # no memory, no random init: the parameters are assigned below
