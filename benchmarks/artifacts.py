@@ -1,8 +1,9 @@
-"""Deployment artifacts of a BERT or RoBERTa-family checkpoint, built with the engines' own tools: transformers'
-encoder for config.json's model_type (BertModel, RobertaModel, XLMRobertaModel ...) exported by torch.onnx.export,
-ONNX Runtime's transformers optimizer (with or without GELU approximation), its dynamic int8 quantization,
-OpenVINO's convert_model + save_model, CTranslate2's TransformersConverter. benchmarks/peers.py times them;
-benchmarks/certify.py and tests/test_parity_artifacts.py judge them with `hfbert parity --artifact`."""
+"""Deployment artifacts of a BERT, RoBERTa-family or MPNet checkpoint, built with the engines' own tools:
+transformers' encoder for config.json's model_type (BertModel, RobertaModel, XLMRobertaModel, MPNetModel ...)
+exported by torch.onnx.export, ONNX Runtime's transformers optimizer (with or without GELU approximation), its
+dynamic int8 quantization, OpenVINO's convert_model + save_model, CTranslate2's TransformersConverter.
+benchmarks/peers.py times them; benchmarks/certify.py and tests/test_parity_artifacts.py judge them with
+`hfbert parity --artifact`."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 class Exporter(torch.nn.Module):
     """transformers' encoder with the inputs as positional arguments, for torch.onnx.export: last_hidden_state,
-    and pooler_output with `pooler`; with `token_type_ids=False` the graph takes no token types (a model fed zeros)."""
+    and pooler_output with `pooler`; with `token_type_ids=False` the graph takes no token types (a model fed none:
+    BERT's then embeds type 0, MPNet's forward has no such argument)."""
 
     def __init__(self, model: torch.nn.Module, token_type_ids: bool = True, pooler: bool = False) -> None:
         super().__init__()
         self.model, self.token_type_ids, self.pooler = model, token_type_ids, pooler
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
-        output = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        types = {"token_type_ids": token_type_ids} if self.token_type_ids else {}
+        output = self.model(input_ids, attention_mask=attention_mask, **types)
         return (output.last_hidden_state, output.pooler_output) if self.pooler else output.last_hidden_state
 
 
@@ -36,7 +39,7 @@ def export_onnx(
     as ONNX, opset 17, dynamic batch and sequence axes (`dynamic=False`: fixed at the example's 2 x 16, as an export
     that names no axes). The graph takes token_type_ids only where the model has more than one token type (not the
     RoBERTa family's: input_ids and attention_mask, its positions computed in the graph from input_ids, as optimum
-    exports it)."""
+    exports it; MPNet's the same, the relative-position bias computed in the graph from the sequence length)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its load report lists the heads the encoder leaves out
@@ -51,7 +54,7 @@ def export_onnx(
     mask[1, 12:] = 0  # one padded row, so the mask arithmetic is traced as such
     ids[1, 12:] = config.pad_token_id or 0
     example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-    token_type_ids = token_type_ids and config.type_vocab_size > 1
+    token_type_ids = token_type_ids and getattr(config, "type_vocab_size", 0) > 1  # MPNet's config has no such field
     names = list(INPUT_NAMES if token_type_ids else INPUT_NAMES[:2])
     outputs = ["last_hidden_state", "pooler_output"] if pooler else ["last_hidden_state"]
     axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "last_hidden_state")}

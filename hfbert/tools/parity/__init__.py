@@ -5,17 +5,17 @@
     >>> print(report.table()); report.passed  # doctest: +SKIP
 
 What runs: a fixed battery of real sentences (`hfbert/data/parity_sentences.txt`, or your own), tokenized with
-the checkpoint's tokenizer (`hfbert.AutoTokenizer`: BERT's WordPiece, RoBERTa's byte-level BPE, XLM-R's Unigram),
-as five cases; BERT, RoBERTa, XLM-RoBERTa and CamemBERT checkpoints alike, each loaded by its family's classes
-(config.json's model_type) in both libraries:
+the checkpoint's tokenizer (`hfbert.AutoTokenizer`: BERT's WordPiece, RoBERTa's byte-level BPE, XLM-R's Unigram,
+MPNet's WordPiece), as five cases; BERT, RoBERTa, XLM-RoBERTa, CamemBERT and MPNet checkpoints alike, each loaded by
+its family's classes (config.json's model_type) in both libraries:
 
 - "single": every text alone (batch of one, no padding);
-- "pairs": consecutive texts as two segments (token_type_ids 0 / 1; RoBERTa's `<s> A </s></s> B </s>`, one token
-  type), batched and padded right (skipped when the model has a single token type and the tokenizer gives token
-  types);
+- "pairs": consecutive texts as two segments (token_type_ids 0 / 1; RoBERTa's and MPNet's `<s> A </s></s> B </s>`,
+  one token type or none), batched and padded right (skipped when the model has a single token type and the
+  tokenizer gives token types);
 - "right padding" and "left padding": the texts in batches of `batch_size`; with left padding both models get
   `position_ids = cumsum(attention_mask) - 1` (clamped at 0), so real tokens start at position 0 in both
-  (RoBERTa's: from `pad_token_id + 1`, pads at `pad_token_id`, as its models count them);
+  (RoBERTa's: from `pad_token_id + 1`, pads at `pad_token_id`, as its models count them; MPNet's from 2, pads at 1);
 - "max length": one sequence exactly as long as the model takes (`max_position_embeddings`; RoBERTa's
   `max_position_embeddings - pad_token_id - 1`), the texts repeated, truncated.
 
@@ -35,8 +35,10 @@ How it runs: hfbert and transformers each load the checkpoint once, as the maske
 the backbone. Every batch goes through each model and is compared at once; only the running sums are kept. The
 float64 reference runs once per batch, eager, for every output: eager and sdpa differ in float64 by float64
 rounding (1e-16 relative), nine orders of magnitude below the float32 errors it measures, so it is exact enough for
-the sdpa rows too. In float32 runs it shares transformers' float32 weights and casts each to float64 as it is read
-(`float64_twin`: what transformers' model cast to float64 computes, bit for bit, without 880 MB more for bert-base).
+the sdpa rows too. transformers' fp32 model runs the run's attention where it has it, else eager (MPNet: its only
+one; the report says so). In float32 runs the float64 reference shares transformers' float32 weights and casts each
+to float64 as it is read (`float64_twin`: what transformers' model cast to float64 computes, bit for bit, without
+880 MB more for bert-base).
 
 The verdict is anchored to exact arithmetic. transformers also runs the same inputs in float64 (the exact
 reference; on CUDA on the GPU, TF32 off), and each output is judged by accuracy, not by its distance to another

@@ -35,7 +35,11 @@ def artifact_block(check: ArtifactCheck, baseline: dict[str, Any]) -> list[str]:
         + f", CPU {check.instruction_set}"
         + (f"; {'; '.join(engine.notes)}" if engine.notes else ""),
         f"  inputs   {', '.join(engine.inputs)}"
-        + ("" if "token_type_ids" in engine.inputs else " (no token_type_ids: fed as segment 0)"),
+        + (
+            ""
+            if "token_type_ids" in engine.inputs or not engine.token_types
+            else " (no token_type_ids: fed as segment 0)"
+        ),
         f"  verdict  its RMS error vs float64 <= {check.bound:g}x transformers' fp32 own",
     ]
     if check.rows:  # none when its first batch could not run

@@ -97,9 +97,9 @@ def build_cases(
     tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, segments: int, first_position: int = 0
 ) -> list[Case]:
     """The battery described in the module docstring, as forward keyword arguments. `segments`: the model's token
-    types (with one, pairs run only where the tokenizer gives no token types, as RoBERTa's, whose pairs are told
-    apart by separators alone; they need not hold rows whose token types differ); `first_position`: the position
-    of a row's first token (RoBERTa's pad_token_id + 1).
+    types (with one, or none as MPNet's, pairs run only where the tokenizer gives no token types, as RoBERTa's and
+    MPNet's, whose pairs are told apart by separators alone; they need not hold rows whose token types differ);
+    `first_position`: the position of a row's first token (RoBERTa's pad_token_id + 1, MPNet's 2).
 
     The padded cases hold padding, and "pairs" two rows whose token types differ, whatever the batch size and the
     texts: where no batch of `batch_size` texts holds it (one text per batch, texts of one length), one batch is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,15 +27,37 @@ def _eager_attention(*models: Any) -> Iterator[None]:
             model.set_attn_implementation(implementation)
 
 
+def _self_attention(layer: Any) -> torch.nn.Module:
+    """A transformers layer's self-attention: `attention.self` (BERT, RoBERTa), MPNet's `attention.attn`."""
+    return layer.attention.attn if hasattr(layer.attention, "attn") else layer.attention.self
+
+
+def _ask_probabilities(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    return args, {**kwargs, "output_attentions": True}
+
+
 @contextmanager
 def _each_layer_attention(backbone: Any, receive: Callable[[int, Tensor], None]) -> Iterator[None]:
     """`receive(index, probabilities)` called as each layer's self-attention returns its probabilities (eager:
     its second output, the one transformers' own `output_attentions` records), so that they are compared during
-    the forward instead of all layers held at once."""
-    handles = [
-        layer.attention.self.register_forward_hook(lambda _, __, output, index=index: receive(index, output[1]))
-        for index, layer in enumerate(backbone.encoder.layer)
-    ]
+    the forward instead of all layers held at once. A self-attention that returns them only when asked
+    (`output_attentions`, MPNet's) is asked here, and its output passed on without them, so that the encoder
+    does not keep them either."""
+
+    def hook(index: int, asked: bool) -> Callable[..., Any]:
+        def received(_: Any, __: Any, output: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
+            receive(index, output[1])
+            return output[:1] if asked else None
+
+        return received
+
+    handles = []
+    for index, layer in enumerate(backbone.encoder.layer):
+        attention = _self_attention(layer)
+        asked = "output_attentions" in inspect.signature(attention.forward).parameters
+        if asked:
+            handles.append(attention.register_forward_pre_hook(_ask_probabilities, with_kwargs=True))
+        handles.append(attention.register_forward_hook(hook(index, asked)))
     try:
         yield
     finally:

@@ -119,7 +119,9 @@ class PositionOffset:
     def describe(self) -> str:
         start = self.first_position + self.offset
         if self.first_position:
-            why = f"BERT's positions carried into a {self.first_position - 1}-padded RoBERTa-family port"
+            why = (
+                f"BERT's positions carried into a port of a model padded at {self.first_position - 1} (RoBERTa, MPNet)"
+            )
         else:
             why = "RoBERTa's padding_idx + 1" if self.offset == 2 else "an offset such as RoBERTa's padding_idx"
             why += ", carried into a BERT port"

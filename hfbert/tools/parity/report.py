@@ -15,8 +15,9 @@ from hfbert.tools.parity.statistics import ACCURACY_RATIO, Accuracy, Row, TopKSt
 
 # The fields the JSON holds as the run gave them, in its order.
 _AS_GIVEN = (
-    "model", "model_path", "reference_path", "device", "dtype", "attn", "linear_kernel", "instruction_set",
-    "tolerance", "num_layers", "versions", "weight_files", "reference_weight_files", "cases", "seconds",
+    "model", "model_path", "reference_path", "device", "dtype", "attn", "reference_attn", "linear_kernel",
+    "instruction_set", "tolerance", "num_layers", "versions", "weight_files", "reference_weight_files", "cases",
+    "seconds",
 )  # fmt: skip
 
 
@@ -47,6 +48,8 @@ class ParityReport:
     artifacts: list[Any] = field(default_factory=list)  # ArtifactCheck per deployed artifact (artifacts.py)
     sentence_pipeline: str = ""  # the sentence-transformers pipeline applied to the artifacts' token outputs
     sentence_baseline: dict[str, Any] = field(default_factory=dict)  # transformers fp32's sentence numbers
+    # transformers' attention where it is not `attn`: eager for a model it runs eager only (MPNet)
+    reference_attn: str = ""
 
     @property
     def untested(self) -> dict[str, str]:
@@ -81,6 +84,12 @@ class ParityReport:
             rule += f", the bound of optimize_for_inference(precision={self.precision!r})"
         return rule + (f", and max abs vs transformers <= {self.tolerance:g}" if self.tolerance is not None else "")
 
+    @property
+    def _reference_attention(self) -> str:
+        if not self.reference_attn or self.reference_attn == self.attn:
+            return ""
+        return f" (transformers {self.reference_attn}: the only attention it has for this model)"
+
     def table(self) -> str:
         tokens = sum(case["real_tokens"] for case in self.cases)
         described = ", ".join(f"{case['name']} {case['sequences']}" for case in self.cases)
@@ -89,7 +98,8 @@ class ParityReport:
             lines.append(f"reference  {self.reference_path} (loaded in transformers)")
         lines += [
             f"run        {self.device} ({self.versions['device_name']}, {self.instruction_set}), {self.dtype}, "
-            f"attention {self.attn}, linear {self.linear_kernel}; hfbert {self.versions['hfbert']}, "
+            f"attention {self.attn}{self._reference_attention}, linear {self.linear_kernel}; "
+            f"hfbert {self.versions['hfbert']}, "
             f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
             *([f"mkl        {self.versions['mkl']}"] if self.versions.get("mkl") and self.device == "cpu" else []),
             f"inputs     {described} sequences; {tokens} real tokens compared per output",

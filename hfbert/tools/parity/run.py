@@ -34,6 +34,8 @@ from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row,
 # hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference`: "packed" (its
 # default, precision "highest": judged by ACCURACY_RATIO) or "fast" (precision "high": judged by its own bound).
 LINEAR_KERNELS = (None, "standard", "packed", "fast")
+# The backbone-relative name of the token-type table: a checkpoint without one (MPNet's) takes no token_type_ids.
+TOKEN_TYPES = "embeddings.token_type_embeddings.weight"
 
 
 def fast_mode_bound() -> float:
@@ -163,11 +165,12 @@ def run_parity(
     tokenizer = AutoTokenizer.from_pretrained(paths.directory)
     ours, theirs, exact, ran_kernel = _load_models(transformers, paths, facts, options)
     runners = (ours, theirs, exact)
+    reference_attn = theirs.model.config._attn_implementation
     config = ours.model.config
     battery_texts = list(options.texts or default_texts())
     first_position = facts.first_position
     cases = build_cases(
-        tokenizer, battery_texts, options.batch_size, config.max_sequence_length, config.type_vocab_size, first_position
+        tokenizer, battery_texts, options.batch_size, config.max_sequence_length, facts.token_types, first_position
     )
     for check in checks:
         check.untested = {case.name: case.note for case in cases if not case.exercised}
@@ -183,6 +186,7 @@ def run_parity(
         device=str(options.device),
         dtype=options.dtype_name,
         attn=options.attn,
+        reference_attn=reference_attn,
         linear_kernel=ran_kernel,
         instruction_set=instruction_set(),
         tolerance=options.tolerance,
@@ -213,6 +217,7 @@ def _open_artifacts(paths: ParityPaths, facts: _CheckpointFacts, options: Parity
     for name, path in zip(paths.artifact_names, paths.artifacts, strict=True):
         engine = open_artifact(path, facts.hidden_size, torch.get_num_threads(), options.artifact_precision)
         engine.first_position = facts.first_position  # for a graph that takes position_ids
+        engine.token_types = facts.token_types > 0
         checks.append(
             ArtifactCheck(name, engine, options.artifact_bound, instruction_set=instruction_set(), vnni=has_vnni())
         )
@@ -262,6 +267,7 @@ class _CheckpointFacts:
     model_type: str  # config.json's: which family's classes load it, in both libraries
     mlm_head: str  # the masked-LM head's module name in the family's layout (`cls.predictions`, `lm_head`)
     first_position: int  # the position of a sequence's first token: 0, RoBERTa's pad_token_id + 1, MPNet's 2
+    token_types: int  # type_vocab_size; 0 for a model without token-type embeddings (MPNet)
     weight_files: list[dict[str, Any]]
     reference_weight_files: list[dict[str, Any]]
 
@@ -293,6 +299,7 @@ class _CheckpointFacts:
             model_type=config.model_type,
             mlm_head=mlm_head.removesuffix("."),
             first_position=config.position_padding_idx + 1 if config.positions_after_padding else 0,
+            token_types=config.type_vocab_size if TOKEN_TYPES in stored else 0,
             weight_files=weight_files,
             reference_weight_files=reference_files,
         )

@@ -6,7 +6,7 @@ and, for left padding, `position_ids`. The outputs are named as transformers nam
 
 A deployment artifact is one `ArtifactEngine`; hfbert and transformers are `TorchEngine`s. Graphs that take no
 `position_ids` get a left-padded batch turned right-padded first and their outputs turned back (`left_to_right`),
-except RoBERTa-family graphs, which count positions from the ids and take left padding as it is.
+except RoBERTa-family and MPNet graphs, which count positions from the ids and take left padding as it is.
 """
 
 from __future__ import annotations
@@ -147,6 +147,7 @@ class ArtifactEngine:
     weights_remedy: str = ""  # how to store them in fp32 with this engine's tools, for the likely cause
     native: Any = None  # the engine's own loaded object (session, compiled model, encoder), for what it says later
     first_position: int = 0  # the model's first position (RoBERTa's pad_token_id + 1), for a graph taking positions
+    token_types: bool = True  # whether the model has token types (MPNet has none: a graph without the input is whole)
 
     def prepare(self, batch: dict[str, Tensor]) -> Prepared:
         # Right-padded unless it takes position_ids; only the inputs it takes.
@@ -159,7 +160,8 @@ class ArtifactEngine:
                 batch = {**batch, "position_ids": positions}
             return Prepared(self.feed(batch), batch, None)
         if self.first_position:
-            # A RoBERTa-family graph counts positions from the ids, past the pads: a left-padded batch is its own
+            # A RoBERTa-family or MPNet graph counts positions from the ids, past the pads (MPNet's relative-position
+            # bias depends on column distances only, the same in either padding): a left-padded batch is its own
             # input, as users feed it (a fused attention that reads the mask as row lengths fails it).
             batch = {name: value for name, value in batch.items() if name != "position_ids"}
             return Prepared(self.feed(batch), batch, None)

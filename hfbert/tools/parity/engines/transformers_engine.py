@@ -13,19 +13,28 @@ from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine
 
 
 def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngine, TorchEngine]:
-    """transformers' model in `spec.dtype`, and the exact reference: eager, once per batch for every output (why one
-    eager run serves the sdpa rows too: hfbert.tools.parity). In float32 runs it shares transformers' weights
-    (float64_twin); a bf16 or fp16 run loads its own, from the checkpoint's float32 values."""
+    """transformers' model in `spec.dtype` (in `spec.attn` where it has it: `reference_attention`), and the exact
+    reference: eager, once per batch for every output (why one eager run serves the sdpa rows too:
+    hfbert.tools.parity). In float32 runs it shares transformers' weights (float64_twin); a bf16 or fp16 run loads
+    its own, from the checkpoint's float32 values."""
     from hfbert.tools.parity.reference import float64_twin, load_reference
 
     model_class, options = spec.model_class(*reference_classes(transformers, spec.model_type))
-    theirs = load_reference(transformers, model_class, directory, spec.attn, spec.device, spec.dtype, **options)
+    attn = reference_attention(model_class, spec.attn)
+    theirs = load_reference(transformers, model_class, directory, attn, spec.device, spec.dtype, **options)
     if spec.dtype == torch.float32:
         exact = float64_twin(theirs)
     else:
-        exact = load_reference(transformers, model_class, directory, spec.attn, spec.device, torch.float64, **options)
+        exact = load_reference(transformers, model_class, directory, attn, spec.device, torch.float64, **options)
     exact.set_attn_implementation("eager")
     return spec.engine(theirs), spec.engine(exact)
+
+
+def reference_attention(model_class: type, attn: str) -> str:
+    """The attention transformers' `model_class` runs for a run asking `attn`: the same, or eager where the class
+    has no sdpa (MPNet's), since transformers refuses to build it otherwise. The comparison then holds hfbert's sdpa
+    against transformers' eager, both judged against the float64 run."""
+    return attn if attn == "eager" or getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
 def reference_classes(transformers: Any, model_type: str) -> tuple[type, type, type]:
