@@ -38,6 +38,7 @@ forms again and compiles anew. `compile_report(model)` lists the shapes compiled
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import shutil
 import time
@@ -98,10 +99,10 @@ class CompiledForward:
     _compiled: Any = None  # the compiled `_Forward`, made at the first compiled call
 
     def __call__(self, *args: Any, **kwargs: Any) -> BertModelOutput | tuple[Tensor, ...]:
-        """`BertModel.forward`'s arguments; bound by its signature only to find the tensors to pad."""
+        """The model's forward arguments; bound by its signature only to find the tensors to pad."""
         model = self.model
-        given = _FORWARD.bind(model, *args, **kwargs).arguments
-        shape = self._shape(given)
+        given = _bound(model, args, kwargs)
+        shape = None if given is None else self._shape(given)
         if shape is None:
             return type(model).forward(model, *args, **kwargs)
         tensors = {name: given.get(name) for name in _PADDED}
@@ -178,8 +179,27 @@ class CompiledForward:
         return {**self.__dict__, "compiled": {}, "_parameters_key": None, "_compiled": None}
 
 
-_FORWARD = inspect.signature(BertModel.forward)
 _PADDED = ("input_ids", "attention_mask", "token_type_ids", "position_ids")  # the tensors a compiled call pads
+
+
+def _bound(model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """A call's arguments by name, bound by the model's own forward signature (MPNet's has no `token_type_ids`, and
+    another positional order); None where they do not bind, or where the call gives token types a model without them
+    takes by keyword only to check them (MPNet's `without_token_types`): the eager forward runs, and says why."""
+    signature = _signature(type(model))
+    if "token_type_ids" not in signature.parameters and "token_type_ids" in kwargs:
+        if kwargs["token_type_ids"] is not None:
+            return None
+        kwargs = {name: value for name, value in kwargs.items() if name != "token_type_ids"}
+    try:
+        return signature.bind(model, *args, **kwargs).arguments
+    except TypeError:
+        return None
+
+
+@functools.cache
+def _signature(model_class: type[nn.Module]) -> inspect.Signature:
+    return inspect.signature(model_class.forward)
 
 
 @contextlib.contextmanager

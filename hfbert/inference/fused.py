@@ -16,6 +16,8 @@ Three blocks of each layer are swapped, the module tree and parameters staying w
 as the feed-forward blocks' post-ops are oneDNN's on `packed.WHOLE`'s form:
 
 - `FusedSelfAttention`: query, key and value in one product (hidden -> 3 x hidden) on one packed (or int8) weight;
+  MPNet's `attention.attn` the same (`FusedMPNetSelfAttention`: q, k and v in one product, then its own `o` layer,
+  the position bias the batch carries added to the scores as in the plain block);
 - `FusedIntermediate`: the feed-forward product on a packed weight, GELU (erf) as oneDNN's post-op or after it;
 - `FusedResidualOutput`: the output product with the residual added as oneDNN's post-op or after it, then LayerNorm.
 
@@ -38,6 +40,7 @@ from hfbert.inference.measured import Candidate
 from hfbert.inference.packed import WHOLE, pack_whole, packed_product, packed_product_add
 from hfbert.inference.swapped import Kernel, Swapped
 from hfbert.modeling.model import BertIntermediate, BertResidualOutput, BertSelfAttention
+from hfbert.modeling.mpnet import MPNetSelfAttention
 
 
 def _random(*shape: int) -> Tensor:
@@ -74,29 +77,40 @@ class FusedBlock(Swapped):
         return self.linears(self)
 
 
-class FusedSelfAttention(FusedBlock, BertSelfAttention):
-    plain_class = BertSelfAttention
+class FusedAttention(FusedBlock):
+    """An attention block's three projections in one product (hidden -> 3 x hidden) on one packed (or int8) weight,
+    then the batch's attention (its key mask, and MPNet's position bias where the batch carries one). A subclass
+    names its plain class's projections (`projections`) and what follows the attention (`project_back`)."""
+
+    projections: tuple[str, str, str]
 
     @classmethod
-    def from_block(cls, block: nn.Module, choice: tuple[int, ...], kernel: Kernel = WHOLE) -> FusedSelfAttention:
+    def from_block(cls, block: nn.Module, choice: tuple[int, ...], kernel: Kernel = WHOLE) -> FusedAttention:
         """`swap_in` for attention, with its measured `choice` per row count and its product's `kernel`."""
         return cls.swap_in(block, _choice=choice, kernel=kernel)
 
-    @staticmethod
-    def linears(block: nn.Module) -> tuple[nn.Module, ...]:
-        return block.query, block.key, block.value
+    @classmethod
+    def linears(cls, block: nn.Module) -> tuple[nn.Module, ...]:
+        return tuple(getattr(block, name) for name in cls.projections)
 
     def project(self, hidden_states: Tensor) -> Tensor:
         """(..., hidden) -> (..., query | key | value), the three products in one, by the block's kernel."""
         return self.kernel.run(hidden_states, self._form)
 
+    def project_back(self, context: Tensor) -> Tensor:
+        """The attention's context as the block returns it: as it is (BERT), or through `o` (MPNet)."""
+        return context
+
     def forward(self, hidden_states: Tensor, batch: Any) -> tuple[Tensor, Tensor | None]:
         if not self.kernel_way(hidden_states):
             return super().forward(hidden_states, batch)
         query, key, value = self.project(hidden_states).split(
-            [self.query.out_features, self.key.out_features, self.value.out_features], -1
+            [layer.out_features for layer in self.inner_modules()], -1
         )
-        return batch.attend(query, key, value, num_heads=self.num_heads, scale=self.scale, dropout=0.0)
+        context, probabilities = batch.attend(
+            query, key, value, num_heads=self.num_heads, scale=self.scale, dropout=0.0
+        )
+        return self.project_back(context), probabilities
 
     @staticmethod
     def candidates(hidden: int, projected: int) -> list[Candidate]:
@@ -114,6 +128,24 @@ class FusedSelfAttention(FusedBlock, BertSelfAttention):
             return lambda: packed_product(input, packed, bias).split(projected, -1)
 
         return [plain, fused]
+
+
+class FusedSelfAttention(FusedAttention, BertSelfAttention):
+    """BERT's `attention.self`: query, key and value in one product."""
+
+    plain_class = BertSelfAttention
+    projections = ("query", "key", "value")
+
+
+class FusedMPNetSelfAttention(FusedAttention, MPNetSelfAttention):
+    """MPNet's `attention.attn`: q, k and v in one product; `o` stays a layer of its own (packed or int8 as any
+    other linear layer), called as a module so that its hooks and wrappers run."""
+
+    plain_class = MPNetSelfAttention
+    projections = ("q", "k", "v")
+
+    def project_back(self, context: Tensor) -> Tensor:
+        return self.o(context)
 
 
 class FusedIntermediate(FusedBlock, BertIntermediate):
@@ -182,6 +214,7 @@ class FusedResidualOutput(FusedBlock, BertResidualOutput):
 
 FUSED_BLOCKS: dict[type[nn.Module], type[FusedBlock]] = {
     BertSelfAttention: FusedSelfAttention,
+    MPNetSelfAttention: FusedMPNetSelfAttention,
     BertIntermediate: FusedIntermediate,
     BertResidualOutput: FusedResidualOutput,
 }
@@ -189,13 +222,21 @@ FUSED_BLOCKS: dict[type[nn.Module], type[FusedBlock]] = {
 
 def block_candidates(block: nn.Module) -> tuple[tuple, list[Candidate]]:
     """A key naming `block`'s shape, and its ways of computing it, for `measured.measured_choice`."""
-    if isinstance(block, BertSelfAttention):
-        hidden, projected = block.query.in_features, block.query.out_features
-        return ("attention", hidden, projected), FusedSelfAttention.candidates(hidden, projected)
+    projection = attention_projection(block)
+    if projection is not None:
+        hidden, projected = projection.in_features, projection.out_features
+        return ("attention", hidden, projected), FusedAttention.candidates(hidden, projected)
     shape = (block.dense.in_features, block.dense.out_features)
     if isinstance(block, BertIntermediate):
         return ("intermediate", *shape, block.activation), FusedIntermediate.candidates(*shape, block.activation)
     return ("output", *shape), FusedResidualOutput.candidates(*shape)
+
+
+def attention_projection(block: nn.Module) -> nn.Linear | None:
+    """The first of the projections a fused attention block would compute in one product (BERT's `query`, MPNet's
+    `q`), or None where `block` is no attention block that can be fused."""
+    fused = FUSED_BLOCKS.get(type(block))
+    return fused.linears(block)[0] if fused is not None and issubclass(fused, FusedAttention) else None
 
 
 def fused_parameters(layers: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:

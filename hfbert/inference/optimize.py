@@ -64,12 +64,11 @@ import torch
 from torch import nn
 
 from hfbert.inference.compiled import check_compiler, compile_forward, compile_target, uncompile
-from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, FusedSelfAttention, block_candidates
+from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, attention_projection, block_candidates
 from hfbert.inference.int8 import INT8, Int8Linear, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
 from hfbert.inference.packed import BLOCKED, MIN_PACKED_WEIGHTS, PackedLinear, linear_candidates, packing_supported
 from hfbert.inference.swapped import Kernel, Swapped, swapped_modules
-from hfbert.modeling.model import BertSelfAttention
 from hfbert.platform.allocator import keep_freed_memory
 from hfbert.platform.mkl import warn_if_too_late
 
@@ -252,12 +251,12 @@ def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
     attention = [
         name
         for name in _fused_blocks(model, INT8)
-        if isinstance(block := model.get_submodule(name), BertSelfAttention)
-        and block.query.weight.numel() >= MIN_INT8_WEIGHTS
+        if (projection := attention_projection(model.get_submodule(name))) is not None
+        and projection.weight.numel() >= MIN_INT8_WEIGHTS
     ]
     # int8 runs at every row count: its products beat fp32's wherever it was measured (docs/cpu-inference.md).
     choice = (1,) * len(ROW_BUCKETS)
-    _swap(model, attention, lambda name, block: FusedSelfAttention.from_block(block, choice, kernel=INT8))
+    _swap(model, attention, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choice, kernel=INT8))
 
 
 def _swap_int8_linears(model: nn.Module, kernels: str) -> None:
@@ -371,17 +370,20 @@ def _why_plain(mode_name: str, plain: list[Swapped], swapped: int) -> str:
 
 
 def _linears(model: nn.Module, kernel: Kernel, min_weights: int) -> list[str]:
-    """The `nn.Linear` layers worth swapping for `kernel`: large enough, plain, not inside a fused block (whose
-    plain way runs them as nn.Linear), and owning their weight (a tied weight must stay one parameter of one
-    module, or the tie would break when a swap is undone)."""
+    """The `nn.Linear` layers worth swapping for `kernel`: large enough, plain, not computed by a fused block (whose
+    plain way runs them as nn.Linear; MPNet's `attn.o`, which its fused block calls as a module, is swapped as any
+    other), and owning their weight (a tied weight must stay one parameter of one module, or the tie would break
+    when a swap is undone)."""
     uses = Counter(id(parameter) for _, parameter in model.named_parameters(remove_duplicate=False))
-    inside = tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, FusedBlock))
+    fused = {
+        id(layer) for module in model.modules() if isinstance(module, FusedBlock) for layer in module.inner_modules()
+    }
     return [
         name
         for name, layer in model.named_modules()
         if type(layer) is nn.Linear
         and kernel.supports(layer.weight)
-        and not name.startswith(inside)
+        and id(layer) not in fused
         and uses[id(layer.weight)] == 1
         and layer.weight.numel() >= min_weights
     ]
