@@ -73,12 +73,12 @@ def test_without_a_cpp_compiler_it_fails_naming_the_compiler_and_changes_nothing
     assert set(packed_layers(model).values()) == {"int8"}
 
 
-def test_compile_is_offered_with_int8_only():
+def test_int8_cannot_take_the_fast_fp32_precision_compiled_or_not():
     model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1))
-    with pytest.raises(ValueError, match="quantize='int8' only"):
-        hfbert.optimize_for_inference(model, compile=True)
-    with pytest.raises(ValueError, match="quantize='int8' only"):
-        hfbert.optimize_for_inference(model, precision="high", compile=True)
+    for compile in (False, True):
+        with pytest.raises(ValueError, match="precision='high' is an fp32 mode"):
+            hfbert.optimize_for_inference(model, quantize="int8", precision="high", compile=compile)
+    assert not packed_layers(model) and not is_compiled(model)
 
 
 @int8

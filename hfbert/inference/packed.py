@@ -81,13 +81,28 @@ def packed_linear(input: Tensor, blocks: tuple[Tensor, ...], bias: Tensor | None
     return output.view(*input.shape[:-1], output.shape[-1])
 
 
+def _product() -> Any:
+    # By name, not through `_ops()` (whose check torch.compile cannot trace: a graph break at every product): the
+    # compiled path traces the products, and they run only where `_ops()` found the op (`packing_supported`).
+    return torch.ops.mkldnn._linear_pointwise
+
+
 def _blockwise(rows: Tensor, blocks: tuple[Tensor, ...], bias: Tensor | None) -> Tensor:
-    product, _ = _ops()
+    product = _product()
     pieces = _column_blocks(rows, blocks)
     output = product(pieces[0], blocks[0], bias, "none", [], "")
     for piece, block in zip(pieces[1:], blocks[1:], strict=True):
-        output = product.binary(piece, output, block, None, "add")
+        output = _add_product(piece, block, None, output)
     return output
+
+
+def _add_product(rows: Tensor, packed: Tensor, bias: Tensor | None, other: Tensor) -> Tensor:
+    """rows x packed + bias + other. Eager: the addition as oneDNN's binary post-op. Traced (the compiled path): the
+    same sum as an addition after the product, which inductor fuses into its loops (torch has no fake-tensor rule
+    for the binary op); the same roundings either way (the post-op adds to the product's fp32 result)."""
+    if torch.compiler.is_compiling():
+        return _product()(rows, packed, bias, "none", [], "") + other
+    return _product().binary(rows, other, packed, bias, "add")
 
 
 def _column_blocks(rows: Tensor, blocks: tuple[Tensor, ...]) -> list[Tensor]:
@@ -130,12 +145,12 @@ def pack_whole(weight: Tensor) -> Tensor:
 
 def packed_product(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str = "none") -> Tensor:
     """(rows, in) x packed (out x in) + bias, with oneDNN's `post_op` ("none", or "gelu": GELU's erf form)."""
-    return _ops()[0](rows, packed, bias, post_op, [], "none" if post_op == "gelu" else "")
+    return _product()(rows, packed, bias, post_op, [], "none" if post_op == "gelu" else "")
 
 
 def packed_product_add(rows: Tensor, packed: Tensor, bias: Tensor | None, other: Tensor) -> Tensor:
-    """(rows, in) x packed + bias + other, the addition as oneDNN's binary post-op."""
-    return _ops()[0].binary(rows, other, packed, bias, "add")
+    """(rows, in) x packed + bias + other, the addition as oneDNN's binary post-op (`_add_product`)."""
+    return _add_product(rows, packed, bias, other)
 
 
 def _same_dtype(input: Tensor, weight: Tensor) -> bool:
