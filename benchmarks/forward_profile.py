@@ -8,8 +8,10 @@ tokens (batch-1 latency) and 8 x 128 (a dense batch). The products are the ops t
 sgemm through `aten::addmm` / `aten::mm`, oneDNN's fp32 `mkldnn::_linear_pointwise` and int8
 `onednn::qlinear_pointwise`); the rest is attention, LayerNorm, GELU, int8's quantization and the tensor
 bookkeeping. If the products dominate, fewer eager ops cannot make the forward much faster: only a faster product
-can. Prints the CPU, the instruction set and the branch MKL's sgemm runs (`hfbert.platform.mkl`: on AMD CPUs
-without AVX-512, `MKL_CBWR=AUTO`, set at `import hfbert`; `HFBERT_MKL_BRANCH=off python -m benchmarks.forward_profile`
+can. The products' rate (their useful GFLOP/s: two per weight of the encoder's linear layers per token) is printed
+beside torch.mm's best rate on 2048 x 2048 float32 matrices here, the CPU's practical fp32 peak. Prints the CPU,
+the instruction set and the branch MKL's sgemm runs (`hfbert.platform.mkl`: on AMD CPUs without AVX-512,
+`MKL_CBWR=AUTO`, set at `import hfbert`; `HFBERT_MKL_BRANCH=off python -m benchmarks.forward_profile`
 profiles MKL's default branch).
 """
 
@@ -21,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import hfbert
+from benchmarks.peers import gemm_rate
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
 
@@ -30,6 +33,8 @@ MODES = {
     "fast": {"precision": "high"},
     "int8": {"quantize": "int8"},
     "int8 compiled": {"quantize": "int8", "compile": True},  # each shape compiled at its first warm-up forward
+    # The compiled fast mode run at every shape (not timed against eager first): what is left around its products.
+    "fast compiled": {"precision": "high", "compile": True, "kernels": "always"},
 }
 SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
 
@@ -37,10 +42,13 @@ SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
 def main() -> int:
     torch.manual_seed(0)
     print(f"Machine: {cpu_name()}; instruction set {instruction_set()}; {torch.get_num_threads()} threads.")
-    print(f"MKL: {mkl_branch()}.\n")
-    print("| mode | tokens | ms per forward | products | share |\n|---|---|---|---|---|")
+    print(f"MKL: {mkl_branch()}.")
+    peak = gemm_rate()["gflops"]
+    print(f"torch.mm 2048^3 float32: {peak:.0f} GFLOP/s.\n")
+    print("| mode | tokens | ms per forward | products | share | products' GFLOP/s |\n|---|---|---|---|---|---|")
     for mode, options in MODES.items():
         model = hfbert.BertModel(hfbert.BertConfig()).eval()
+        weights = sum(m.weight.numel() for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
         if options:
             hfbert.optimize_for_inference(model, **options)
         for batch, tokens, forwards in SHAPES:
@@ -58,9 +66,11 @@ def main() -> int:
             events = profiled.key_averages()
             total = sum(event.self_cpu_time_total for event in events)
             products = sum(event.self_cpu_time_total for event in events if event.key in PRODUCTS)
+            seconds = products / forwards / 1e6
+            rate = 2 * weights * batch * tokens / seconds / 1e9
             print(
-                f"| {mode} | {batch} x {tokens} | {per_forward * 1e3:.1f} | {products / forwards / 1e3:.1f} ms "
-                f"| {products / total:.0%} |"
+                f"| {mode} | {batch} x {tokens} | {per_forward * 1e3:.1f} | {seconds * 1e3:.1f} ms "
+                f"| {products / total:.0%} | {rate:.0f} ({rate / peak:.0%} of torch.mm's) |"
             )
     return 0
 

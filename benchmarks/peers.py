@@ -46,8 +46,11 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 shape, so an engine built later reuses what an earlier one measured) are recorded per engine.
   hfbert fast   the same with `optimize_for_inference(model, precision="high")`: the fast fp32 mode (fused
                 query/key/value, fused post-ops; RMS error against float64 within 3x transformers').
-  hfbert compiled  int8 only: `optimize_for_inference(model, quantize="int8", compile=True)`, the int8 model under
-                torch.compile with freezing, inputs padded to a few static shapes (hfbert/inference/compiled.py).
+  hfbert compiled  `optimize_for_inference(model, quantize="int8", compile=True)`, the int8 model under torch.compile
+                with freezing, inputs padded to a few static shapes (hfbert/inference/compiled.py); in fp32,
+                `optimize_for_inference(model, precision="high", compile=True)`: the fast mode's products traced,
+                inductor's C++ GEMM template where it runs `F.linear` (max-autotune), each shape's graph timed against
+                the eager fast mode when compiled and the faster run (the note names the shapes where eager won).
                 Each batch's shape is compiled once before the clock starts (as a warm-up compiles it); the shapes,
                 their compile times and which batches ran eager instead (mostly padding) are recorded.
   hfbert bf16   `BertModel.from_pretrained(..., dtype=torch.bfloat16)` + `optimize_for_inference`, only where the
@@ -140,7 +143,7 @@ from benchmarks.benchmark import (  # the shared inputs and timing
 from benchmarks.busy import BusyMeter
 from benchmarks.report import ENGINES, HFBERT_ENGINES, HFBERT_PLAIN, ORT_UNFUSED, PEERS
 from hfbert.inference import packed_layers
-from hfbert.inference.compiled import compile_report, padded_shape
+from hfbert.inference.compiled import compile_report, eager_shapes, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
 from hfbert.platform.cpu import bfloat16_native, cpu_flags, instruction_set
 from hfbert.platform.mkl import SETTING, SWITCH, mkl_branch
@@ -251,6 +254,8 @@ def compile_shape(model: torch.nn.Module, inputs: dict[str, torch.Tensor], facts
         model(**inputs)
     for (rows, sequence, *_), seconds in compile_report(model).items() - before.items():
         facts.setdefault("compilations", []).append({"shape": [rows, sequence], "seconds": round(seconds, 1)})
+    measured = facts.setdefault("measured_eager", [])
+    measured += [list(key[:2]) for key in eager_shapes(model) if list(key[:2]) not in measured]
     shape = list(inputs["input_ids"].shape)
     eager = facts.setdefault("eager_shapes", [])
     if padded_shape(model, inputs["input_ids"], inputs["attention_mask"]) is None and shape not in eager:
@@ -261,9 +266,11 @@ def compile_shape(model: torch.nn.Module, inputs: dict[str, torch.Tensor], facts
 def compiled_note(facts: dict) -> str:
     compilations = facts.get("compilations", [])
     shapes = ", ".join(f"{entry['shape'][0]}x{entry['shape'][1]} {entry['seconds']:.0f} s" for entry in compilations)
+    measured = ", ".join(f"{rows}x{sequence}" for rows, sequence in facts.get("measured_eager", []))
     return (
         f"compiled {len(compilations)} shape(s) before timing ({shapes or 'none'}); "
         f"batches of {len(facts.get('eager_shapes', []))} other shape(s) ran eager (more than a quarter padding)"
+        + (f"; eager measured faster than the compiled graph at {measured}, so eager ran there" if measured else "")
     )
 
 
@@ -435,6 +442,9 @@ def build_engines(
     if precision == "fp32":
         engines["hfbert"] = attempt(skipped, "hfbert fp32", lambda: hfbert_engine(checkpoint))
         engines["hfbert fast"] = attempt(skipped, "hfbert fast", lambda: hfbert_engine(checkpoint, precision="high"))
+        engines["hfbert compiled"] = attempt(
+            skipped, "hfbert compiled fp32", lambda: hfbert_engine(checkpoint, precision="high", compile=True)
+        )
         engines["transformers"] = transformers_engine(checkpoint)
         engines["transformers (MKL default)"] = attempt(
             skipped, "transformers (MKL default)", lambda: transformers_default_engine(checkpoint, threads)

@@ -101,3 +101,47 @@ def test_measured_choice_runs_the_faster_and_both_follow_a_load_state_dict():
     for first, again, expected, wanted in results:
         for output in (first, again):
             assert rms_error(output, wanted) <= ACCURACY_BOUNDS["highest"] * rms_error(expected, wanted)
+
+
+@pytest.mark.slow  # a compilation of each kind
+@packing
+@compiler
+def test_compiled_fp32_after_an_int8_model_compiled_in_the_same_process():
+    """The int8 path compiles with inductor's weight prepacking, which registers its fp32 patterns for the rest of
+    the process: a later fp32 compilation must not trip on them (inductor asserted on hfbert's packed weights)."""
+    from hfbert.inference.int8 import int8_available
+
+    if not int8_available():
+        pytest.skip("this torch build or CPU has no oneDNN int8 inner product")
+    int8_model, _, _ = pair(seed=4)
+    model, reference, exact = pair(seed=5)
+    hfbert.optimize_for_inference(int8_model, quantize="int8", compile=True)
+    hfbert.optimize_for_inference(model, precision="high", kernels="always", compile=True)
+    inputs = dict(input_ids=torch.randint(1000, 20000, (2, 32)))
+    with torch.no_grad():
+        int8_model(**inputs)
+        output = model(**inputs).last_hidden_state
+        expected, wanted = reference(**inputs).last_hidden_state, exact(**inputs).last_hidden_state
+    assert [key[:2] for key in compile_report(int8_model)] == [(2, 32)] == [key[:2] for key in compile_report(model)]
+    assert 0 < rms_error(output, wanted) <= ACCURACY_BOUNDS["high"] * rms_error(expected, wanted)
+
+
+@pytest.mark.slow  # a max-autotune compilation
+@packing
+@compiler
+def test_a_graph_that_disagrees_with_the_eager_mode_never_runs(monkeypatch, caplog):
+    """The measured choice also compares the new graph's output with the eager mode's: where they disagree (as when
+    another compilation in the process left inductor's packing patterns behind), the shape runs eager, said once."""
+    import hfbert.inference.compiled as compiled
+
+    model, reference, exact = pair(seed=6)
+    hfbert.optimize_for_inference(model, compile=True)
+    monkeypatch.setattr(compiled, "_agrees", lambda ours, theirs: False)
+    inputs = dict(input_ids=torch.randint(1000, 20000, (1, 16)))
+    with torch.no_grad():
+        outputs = [model(**inputs, return_dict=False)[0] for _ in range(2)]
+        expected, wanted = reference(**inputs).last_hidden_state, exact(**inputs).last_hidden_state
+    assert eager_shapes(model) == list(compile_report(model)) and len(eager_shapes(model)) == 1
+    assert sum("disagrees with the eager one" in record.getMessage() for record in caplog.records) == 1
+    for output in outputs:
+        assert rms_error(output, wanted) <= ACCURACY_BOUNDS["highest"] * rms_error(expected, wanted)

@@ -101,10 +101,14 @@ class Compilation:
 # Freezing as a config patch: torch.compile's options={"freezing": True} leaves the int8 forms graph inputs, which
 # inductor's int8 lowering refuses (it needs the packed weights as constants). Not max-autotune for int8: its int8
 # GEMM template corrupted the heap on a Zen 5 (AVX-512 VNNI) with torch 2.13 (glibc's malloc assertion).
-COMPILED_INT8 = Compilation("int8", trace_kernels=True, inductor=(("freezing", True),), measured=False)
+# `cpp.weight_prepack` off in both kinds: hfbert's products come packed already, inductor's packing passes expect
+# weights they packed themselves, and once a process has compiled with them on, their patterns stay registered for
+# every later compilation (an fp32 compilation after them asserted, or computed wrong numbers: `_agrees`).
+COMPILED_INT8 = Compilation(
+    "int8", trace_kernels=True, inductor=(("freezing", True), ("cpp.weight_prepack", False)), measured=False
+)
 # fp32: the mode's own products traced (oneDNN's packed kernels where its eager forward runs them, `F.linear` where
-# it runs plain: there max-autotune times inductor's C++ GEMM template against ATen's product). `cpp.weight_prepack`
-# off: inductor's own packing passes expect the weights they pack themselves and fail on hfbert's packed forms.
+# it runs plain: there max-autotune times inductor's C++ GEMM template against ATen's product).
 COMPILED_FP32 = Compilation(
     "fp32",
     trace_kernels=True,
@@ -186,16 +190,36 @@ class CompiledForward:
                 _cache_dir(),
             )
         started = time.perf_counter()
-        with self._compiling(swapped):
-            if self._compiled is None:
-                self._compiled = torch.compile(_Forward(model), dynamic=False)
-            output = self._compiled(self._generation, {**padded, **options})
+        try:
+            with self._compiling(swapped):
+                if self._compiled is None:
+                    self._compiled = torch.compile(_Forward(model), dynamic=False)
+                output = self._compiled(self._generation, {**padded, **options})
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            if not (new and self.measured):
+                raise
+            # The measured mode promises the eager mode's speed at worst: an inductor failure costs this shape only.
+            log.warning("hfbert: inductor failed on shape %d x %d, which runs eager: %s", *shape, error)
+            self.eager.add(key)
+            return type(model).forward(model, *args, **kwargs)
         if new:
             self.compiled[key] = time.perf_counter() - started
-            if self.measured and self._eager_faster(swapped, {**padded, **options}, args, kwargs):
-                self.eager.add(key)
         output = _cut(output, *given["input_ids"].shape, given.get("attention_mask"), model)
-        return output.to_tuple() if wants_tuple(model.config, given.get("return_dict")) else output
+        output = output.to_tuple() if wants_tuple(model.config, given.get("return_dict")) else output
+        if new and self.measured:
+            eager, faster = self._eager_faster(swapped, {**padded, **options}, args, kwargs)
+            if not _agrees(output[0], eager[0]):
+                log.warning(
+                    "hfbert: the compiled %s forward for shape %d x %d disagrees with the eager one (inductor's "
+                    "passes, changed by an earlier compilation in this process?): that shape runs eager",
+                    self.compilation.name,
+                    *shape,
+                )
+                self.eager.add(key)
+                return eager
+            if faster:
+                self.eager.add(key)
+        return output
 
     def _compiling(self, swapped: list[Swapped]) -> contextlib.AbstractContextManager:
         """The context of a compiled call: no grad, the kernels traced (int8), inductor's options."""
@@ -209,9 +233,9 @@ class CompiledForward:
         )
         return stack
 
-    def _eager_faster(self, swapped: list[Swapped], padded: dict[str, Any], args: tuple, kwargs: dict) -> bool:
-        """Whether the eager forward on the call's own inputs beats the compiled graph on the padded ones (the
-        fastest of MEASURE_ROUNDS calls each, taken in turn)."""
+    def _eager_faster(self, swapped: list[Swapped], padded: dict[str, Any], args: tuple, kwargs: dict) -> tuple:
+        """The eager forward's output on the call's own inputs, and whether it beats the compiled graph on the padded
+        ones (the fastest of MEASURE_ROUNDS calls each, taken in turn)."""
         model = self.model
         best = {"compiled": float("inf"), "eager": float("inf")}
         for _ in range(MEASURE_ROUNDS):
@@ -221,9 +245,9 @@ class CompiledForward:
                 best["compiled"] = min(best["compiled"], time.perf_counter() - started)
             with torch.no_grad():
                 started = time.perf_counter()
-                type(model).forward(model, *args, **kwargs)
+                eager = type(model).forward(model, *args, **kwargs)
                 best["eager"] = min(best["eager"], time.perf_counter() - started)
-        return best["eager"] < best["compiled"]
+        return eager, best["eager"] < best["compiled"]
 
     def _shape(
         self, given: dict[str, Any], modules: list[nn.Module] | None = None, parameters: list[Tensor] | None = None
@@ -286,6 +310,12 @@ def _parameters(modules: list[nn.Module]) -> list[Tensor]:
                 seen.add(id(parameter))
                 found.append(parameter)
     return found
+
+
+def _agrees(compiled: Tensor, eager: Tensor) -> bool:
+    """Whether the compiled graph's hidden states are the eager mode's up to the roundings a fusion changes (about
+    1e-6 here); a graph inductor's passes got wrong is off by whole units."""
+    return bool(torch.allclose(compiled, eager, rtol=1e-3, atol=1e-3))
 
 
 def _cache_dir() -> str:
@@ -442,8 +472,9 @@ def compile_report(model: nn.Module) -> dict[tuple, float]:
 
 
 def eager_shapes(model: nn.Module) -> list[tuple]:
-    """The keys of `compile_report(model)` whose calls run the eager forward: measured faster than the compiled
-    graph when the shape was compiled (fp32 compiled paths only)."""
+    """The keys of `compile_report(model)` whose calls run the eager forward (fp32 compiled paths only): measured
+    faster than the compiled graph when the shape was compiled, or a graph inductor failed to build, or one whose
+    output disagreed with the eager mode's (each said by a warning on the `hfbert` logger)."""
     forward = _wrapper(model)
     return [] if forward is None else sorted(forward.eager)
 
