@@ -50,6 +50,9 @@ MODES = {
 }
 INT8_ERROR = 0.05  # relative RMS error against transformers fp32 allowed to int8 (about 0.01 here)
 FP32_ERROR = 1e-5  # the same for the fp32 modes, where a change must be followed (about 1e-7 here)
+# int8 after a change: weights x3 in every layer sharpen the attention, and int8's error grows with it (0.074 on
+# AVX2 without VNNI, whose weights use 63 levels); a model that kept its old weights is off by 0.5-1.3.
+INT8_FOLLOW_ERROR = 0.15
 # What each mode runs in every layer (names under `encoder.layer.N.`), and on the pooler.
 SWAPPED = {
     "highest": {
@@ -237,7 +240,7 @@ def mpnet_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 def assert_follows(mode: str, model, reference, before: torch.Tensor) -> None:
     """`model` computes what `reference` does now; what it computed `before` the change would not pass."""
-    bound = INT8_ERROR if mode == "int8" else FP32_ERROR
+    bound = INT8_FOLLOW_ERROR if mode == "int8" else FP32_ERROR
     expected = outputs(reference)
     assert relative_rms(outputs(model), expected) < bound < relative_rms(before, expected)
 
