@@ -9,7 +9,11 @@ does: `<s> A </s></s> B </s>`, no token types, no normalizer but SentencePiece's
 `MPNetTokenizer` (from `tokenizer.json` or `vocab.txt`) is BERT's WordPiece pipeline with RoBERTa's framing.
 `AutoTokenizer` picks the class from tokenizer_config.json's `tokenizer_class` or config.json's `model_type`.
 The four share everything after the pipeline: encoding, padding and truncation (transformers' rules: argument
-defaults, `model_max_length`, strategies), decoding and saving.
+defaults, `model_max_length`, strategies), decoding and saving. tokenizer_config.json sets a call's defaults as in
+transformers 5: `padding_side`, `truncation_side` (else the direction tokenizer.json stores, else "right"),
+`model_input_names` (which of token_type_ids / attention_mask a call returns), `split_special_tokens`,
+`clean_up_tokenization_spaces` (never for byte-level BPE, whose decoder already restores the spaces); arguments
+of the same names to `from_pretrained` win over the file.
 
     >>> tokenizer = BertTokenizer.from_pretrained("path/to/bert-base-uncased")  # doctest: +SKIP
     >>> tokenizer("Hello world!")["input_ids"]  # doctest: +SKIP
@@ -33,13 +37,16 @@ from converters.atomic_write import atomic_file
 from converters.json_files import read_json_object
 from converters.tokenizer_files import read_merges_txt, read_vocab_json, read_vocab_txt
 from hfbert.modeling.tokenizer_files import (
+    CALL_OPTIONS,
     LARGE_INTEGER,
     MPNET_SPECIAL_TOKENS,
     NO_MAX_LENGTH,
     ROBERTA_SPECIAL_TOKENS,
+    SIDES,
     SPECIAL_TOKENS,
     WORDPIECE_CLASSES,
     added_tokens,
+    check_call_options,
     check_wordpiece_class,
     model_max_length,
     read_tokenizer_options,
@@ -102,9 +109,16 @@ class BertTokenizer:
     def __init__(self, tokenizer: Tokenizer, config: dict[str, Any] | None = None) -> None:
         config = config or {}
         self._tokenizer = tokenizer
-        # transformers sets padding/truncation per call and ignores what tokenizer.json stores; so do we.
+        # transformers sets padding/truncation per call; of what tokenizer.json stores it keeps only the directions,
+        # as the sides a config that names none gets.
+        stored = {"truncation": tokenizer.truncation or {}, "padding": tokenizer.padding or {}}
         tokenizer.no_truncation()
         tokenizer.no_padding()
+        self.truncation_side: str = config.get("truncation_side", stored["truncation"].get("direction", "right"))
+        self.padding_side: str = config.get("padding_side", stored["padding"].get("direction", "right"))
+        self.model_input_names = tuple(config.get("model_input_names", type(self).model_input_names))
+        self.split_special_tokens: bool = bool(config.get("split_special_tokens", False))
+        tokenizer.encode_special_tokens = self.split_special_tokens
         # One call's padding/truncation settings live on the shared backend until the call ends.
         self._lock = threading.Lock()
         defaults = self.special_token_defaults
@@ -112,6 +126,9 @@ class BertTokenizer:
         self.options = self._options(config)
         self.model_max_length: int = model_max_length(config.get("model_max_length"), "the tokenizer config")
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        # transformers 5 skips the clean-up for BPE models unless this says otherwise: it would remove real spaces.
+        bpe_clean_up = config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+        self.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = bool(bpe_clean_up)
         for key, token in self.special_tokens.items():  # unk_token_id, ..., as on transformers' tokenizers
             setattr(self, f"{key}_id", tokenizer.token_to_id(token))
         extras = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
@@ -119,15 +136,40 @@ class BertTokenizer:
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, revision: str | None = None
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        revision: str | None = None,
+        *,
+        padding_side: str | None = None,
+        truncation_side: str | None = None,
+        model_input_names: list[str] | None = None,
+        split_special_tokens: bool | None = None,
+        clean_up_tokenization_spaces: bool | None = None,
+        model_max_length: int | None = None,
     ) -> BertTokenizer:
-        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
+        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`).
+
+        The keyword arguments, where given, replace tokenizer_config.json's fields of the same names (as in
+        transformers): the defaults of every call (`padding_side="left"`, `model_input_names=["input_ids",
+        "attention_mask"]` for no token_type_ids, ...). A bad value is a `ConfigError` naming the argument, before
+        any file is read."""
+        given = {
+            "padding_side": padding_side,
+            "truncation_side": truncation_side,
+            "model_input_names": model_input_names,
+            "split_special_tokens": split_special_tokens,
+            "clean_up_tokenization_spaces": clean_up_tokenization_spaces,
+            "model_max_length": model_max_length,
+        }
+        overrides = check_call_options(
+            {name: value for name, value in given.items() if value is not None}, "from_pretrained", kind="argument"
+        )
         directory = _local_directory(pretrained_model_name_or_path, revision)
         own = read_tokenizer_options(directory / "tokenizer_config.json")
         legacy = "added_tokens_decoder" not in own  # a config from before transformers 4.34
         # transformers lets the legacy map override the config then.
         special_map = read_tokenizer_options(directory / "special_tokens_map.json") if legacy else {}
-        config = {**own, **special_map}
+        config = {**own, **special_map, **overrides}
         for key in cls.lstrip_tokens:
             if not isinstance(config.get(key), dict):
                 text = token_text(config.get(key), cls.special_token_defaults[key])
@@ -184,10 +226,16 @@ class BertTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self._tokenizer.get_vocab(with_added_tokens=True)
 
-    def tokenize(self, text: str) -> list[str]:
-        """The tokens of `text`, without the special tokens around it: BERT's `tokenize("Hello")` -> `["hello"]`."""
+    def tokenize(self, text: str, *, split_special_tokens: bool | None = None) -> list[str]:
+        """The tokens of `text`, without the special tokens around it: BERT's `tokenize("Hello")` -> `["hello"]`.
+        `split_special_tokens` (default: the attribute, from tokenizer_config.json) tokenizes "[MASK]" in the text
+        as plain text."""
         with self._lock:
-            return self._tokenizer.encode(text, add_special_tokens=False).tokens
+            self._tokenizer.encode_special_tokens = self._split(split_special_tokens)
+            try:
+                return self._tokenizer.encode(text, add_special_tokens=False).tokens
+            finally:
+                self._tokenizer.encode_special_tokens = self.split_special_tokens
 
     def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]:
         if isinstance(tokens, str):
@@ -203,15 +251,27 @@ class BertTokenizer:
         skip = {self._tokenizer.token_to_id(token) for token in specials} if skip_special_tokens else set()
         return [self._tokenizer.id_to_token(int(i)) for i in ids if int(i) not in skip]
 
-    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str | list[str]:
+    def decode(
+        self, ids: Any, skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool | None = None
+    ) -> str | list[str]:
         """Text from ids (a list, a tensor, or a batch of them -> a list of texts): `decode([101, 7592, 102])`
-        -> `"hello"`. Unlike transformers, special tokens are skipped unless `skip_special_tokens=False`."""
+        -> `"hello"`. Unlike transformers, special tokens are skipped unless `skip_special_tokens=False`.
+
+        `clean_up_tokenization_spaces` (default: the attribute, from tokenizer_config.json) joins " ," " ." " 's"
+        " n't" ... to the word before, as transformers 5 does for WordPiece and Unigram; never for a BPE model
+        (RoBERTa's), whose decoder already gives back the text's own spaces, unless
+        `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output` is set."""
         ids = ids.tolist() if hasattr(ids, "tolist") else ids
         ids = [ids] if isinstance(ids, int) else list(ids)
         if ids and isinstance(ids[0], (list, tuple)):
-            return [self.decode(row, skip_special_tokens) for row in ids]
+            return [self.decode(row, skip_special_tokens, clean_up_tokenization_spaces) for row in ids]
         text = self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-        return _clean_up_tokenization(text) if self.clean_up_tokenization_spaces else text
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = self.clean_up_tokenization_spaces
+        bpe = isinstance(self._tokenizer.model, models.BPE)
+        if bpe and not self.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output:
+            return text
+        return _clean_up_tokenization(text) if clean_up_tokenization_spaces else text
 
     def __call__(
         self,
@@ -225,12 +285,14 @@ class BertTokenizer:
         return_offsets_mapping: bool = False,
         return_token_type_ids: bool | None = None,
         return_attention_mask: bool | None = None,
-        padding_side: str = "right",
+        padding_side: str | None = None,
+        split_special_tokens: bool | None = None,
     ) -> BatchEncoding:
         """Encode one text (or pair) into lists, or a batch into lists of lists; `return_tensors="pt"` gives int64
         tensors with a batch dimension in both cases. `truncation=None` means: on if only `max_length` is given;
         `return_token_type_ids` / `return_attention_mask` None: as `model_input_names` (RoBERTa has no token
-        types)."""
+        types); `padding_side` / `split_special_tokens` None: the attributes (from tokenizer_config.json).
+        Truncation cuts on the side `truncation_side` names."""
         batched = isinstance(text, (list, tuple))
         if batched:
             if isinstance(text_pair, str):
@@ -247,17 +309,25 @@ class BertTokenizer:
             kinds = f"{type(text).__name__}, {type(text_pair).__name__}"
             raise TypeError(f"text (and text_pair) must be a str, or lists of str for a batch (got {kinds})")
         pad, truncate, max_length = self._strategies(padding, truncation, max_length)
-        if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side must be 'right' or 'left', not {padding_side!r}")
+        padding_side = self.padding_side if padding_side is None else padding_side
+        # The attributes may have been set since loading; the tokenizers library would name neither.
+        for name, side in (("padding_side", padding_side), ("truncation_side", self.truncation_side)):
+            if side not in SIDES:
+                raise ValueError(f"{name} must be 'right' or 'left', not {side!r}")
         if pad and self.pad_token_id is None:
             raise ValueError(f"padding needs the pad token {self.special_tokens['pad_token']!r} in the vocabulary")
+        split = self._split(split_special_tokens)
 
+        # Where a text was shortened from the left, its offsets count from the cut: `starts` moves them back.
+        starts = [0] * len(inputs)
         with self._lock:
+            self._tokenizer.encode_special_tokens = split
             try:
                 if truncate and self._can_shorten():
-                    inputs = [self._shorten(item, max_length) if isinstance(item, str) else item for item in inputs]
+                    cut = [self._cut(item, max_length) if isinstance(item, str) else (item, 0) for item in inputs]
+                    inputs, starts = [item for item, _ in cut], [start for _, start in cut]
                 if truncate:
-                    self._tokenizer.enable_truncation(max_length, strategy=truncate)
+                    self._tokenizer.enable_truncation(max_length, strategy=truncate, direction=self.truncation_side)
                 if pad:
                     length = max_length if pad == "max_length" else None
                     pad_token = self.special_tokens["pad_token"]
@@ -271,6 +341,7 @@ class BertTokenizer:
             finally:
                 self._tokenizer.no_truncation()
                 self._tokenizer.no_padding()
+                self._tokenizer.encode_special_tokens = self.split_special_tokens
 
         if return_token_type_ids is None:
             return_token_type_ids = "token_type_ids" in self.model_input_names
@@ -282,7 +353,9 @@ class BertTokenizer:
         if return_attention_mask:
             output["attention_mask"] = [encoding.attention_mask for encoding in encodings]
         if return_offsets_mapping:
-            output["offset_mapping"] = [encoding.offsets for encoding in encodings]
+            output["offset_mapping"] = [
+                _offsets(encoding, start) for encoding, start in zip(encodings, starts, strict=True)
+            ]
         if return_tensors is not None:
             return BatchEncoding({key: _as_tensor(key, value, return_tensors) for key, value in output.items()})
         return BatchEncoding(output if batched else {key: value[0] for key, value in output.items()})
@@ -306,6 +379,21 @@ class BertTokenizer:
             isinstance(part, per_character) for part in _normalizer_parts(self._tokenizer.normalizer)
         )
 
+    def _split(self, split_special_tokens: bool | None) -> bool:
+        """A call's `split_special_tokens`: the argument, else the attribute; ValueError for anything but a bool."""
+        split = self.split_special_tokens if split_special_tokens is None else split_special_tokens
+        if not isinstance(split, bool):
+            raise ValueError(f"split_special_tokens must be True or False, not {split!r}")
+        return split
+
+    def _cut(self, text: str, max_length: int) -> tuple[str, int]:
+        """The part of `text` that truncates on `truncation_side` to the same tokens as the whole text, and where it
+        starts in `text`. Must hold `self._lock`."""
+        if self.truncation_side == "left":
+            suffix = self._shorten_left(text, max_length)
+            return suffix, len(text) - len(suffix)
+        return self._shorten(text, max_length), 0
+
     def _shorten(self, text: str, max_length: int) -> str:
         """A prefix of `text` that truncates to the same tokens as the whole text, found at a cost proportional to
         `max_length`, not to the text: a 5 MB line would otherwise be tokenised whole (about 200 bytes of memory
@@ -318,6 +406,18 @@ class BertTokenizer:
             cut = max(text.rfind(space, 0, budget) for space in " \t\n\r")
             if cut > 0 and len(self._tokenizer.encode(text[:cut], add_special_tokens=False)) > max_length:
                 return text[:cut]
+            budget *= 4
+        return text
+
+    def _shorten_left(self, text: str, max_length: int) -> str:
+        """`_shorten` for truncation on the left: a suffix of `text` that starts at whitespace, where BERT always
+        starts a word, so its tokens are exactly the last tokens of the whole text. Must hold `self._lock`."""
+        budget = 8 * max_length + 256
+        while budget < len(text):
+            start = len(text) - budget
+            cut = min((index for index in (text.find(space, start) for space in " \t\n\r") if index >= 0), default=-1)
+            if cut > 0 and len(self._tokenizer.encode(text[cut:], add_special_tokens=False)) > max_length:
+                return text[cut:]
             budget *= 4
         return text
 
@@ -349,6 +449,16 @@ class BertTokenizer:
         config: dict[str, Any] = {"tokenizer_class": type(self).__name__, **self._saved_options()}
         config.update(self.special_tokens, model_max_length=self.model_max_length)
         config["clean_up_tokenization_spaces"] = self.clean_up_tokenization_spaces
+        if self.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output:
+            config["clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"] = True
+        # The call defaults, as transformers writes them: tokenizer.json is written without the directions it
+        # may have stored.
+        config.update(
+            padding_side=self.padding_side,
+            truncation_side=self.truncation_side,
+            model_input_names=list(self.model_input_names),
+            split_special_tokens=self.split_special_tokens,
+        )
         files = {
             "tokenizer.json": tokenizer_json,
             **self._vocabulary_files(),
@@ -387,6 +497,7 @@ class RobertaTokenizer(BertTokenizer):
     def _backend(cls, directory: Path, config: dict[str, Any], own: dict[str, Any]) -> Tokenizer:
         source = cls._source(directory)
         tokenizer = Tokenizer(source.model)
+        _keep_call_settings(tokenizer, source)
         cls._pipeline(tokenizer, source, cls._options(config))
         # transformers adds the config's added tokens where it has them (a 4.x config), else tokenizer.json's.
         _add_tokens(tokenizer, _decoder_tokens(own) if "added_tokens_decoder" in own else _file_tokens(source))
@@ -505,13 +616,15 @@ class MPNetTokenizer(BertTokenizer):
             file_tokens = _file_tokens(source)
         elif (directory / "vocab.txt").is_file():
             path = directory / "vocab.txt"
-            vocab, file_tokens = _read_vocab(path), []
+            vocab, file_tokens, source = _read_vocab(path), [], None
         else:
             raise FileNotFoundError(f"{directory}: no tokenizer.json or vocab.txt (MPNet's tokenizer needs one)")
         unk = token_text(config.get("unk_token"), cls.special_token_defaults["unk_token"])
         if unk not in vocab:  # WordPiece would fail on the first unknown word instead
             raise ValueError(f"{path}: the unk_token {unk!r} is not in the vocabulary")
         tokenizer = _wordpiece(vocab, unk, config)
+        if source is not None:
+            _keep_call_settings(tokenizer, source)
         # As RoBERTa: the config's added tokens where it has them (a 4.x config), else tokenizer.json's.
         _add_tokens(tokenizer, _decoder_tokens(own) if "added_tokens_decoder" in own else file_tokens)
         return tokenizer
@@ -548,10 +661,19 @@ class AutoTokenizer:
     """
 
     @staticmethod
-    def from_pretrained(pretrained_model_name_or_path: str | os.PathLike, revision: str | None = None) -> BertTokenizer:
-        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`)."""
+    def from_pretrained(
+        pretrained_model_name_or_path: str | os.PathLike, revision: str | None = None, **options: Any
+    ) -> BertTokenizer:
+        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`).
+        `options`: the class's `from_pretrained` keyword arguments (`padding_side`, `truncation_side`, ...)."""
+        unknown = sorted(set(options) - set(CALL_OPTIONS))
+        if unknown:
+            accepted = ", ".join(CALL_OPTIONS)
+            raise TypeError(f"AutoTokenizer.from_pretrained: unknown arguments {unknown}; it takes {accepted}")
+        given = {name: value for name, value in options.items() if value is not None}
+        check_call_options(given, "from_pretrained", kind="argument")  # before anything is downloaded
         directory = _local_directory(pretrained_model_name_or_path, revision)
-        return _tokenizer_class(directory).from_pretrained(directory)
+        return _tokenizer_class(directory).from_pretrained(directory, **options)
 
 
 def _tokenizer_class(directory: Path) -> type[BertTokenizer]:
@@ -625,6 +747,16 @@ def _roberta_processing(
         trim_offsets=trim_offsets,
         add_prefix_space=add_prefix_space,
     )
+
+
+def _keep_call_settings(tokenizer: Tokenizer, source: Tokenizer) -> None:
+    """Give a rebuilt pipeline the directions of the truncation and padding tokenizer.json stores: transformers
+    takes them for the default sides (the tokenizer's `__init__` reads and clears them). The rest is never used,
+    so a stored stride the library would refuse does not matter."""
+    if source.truncation:
+        tokenizer.enable_truncation(512, direction=source.truncation["direction"])
+    if source.padding:
+        tokenizer.enable_padding(direction=source.padding["direction"])
 
 
 def _read_tokenizer_json(path: Path) -> Tokenizer:
@@ -710,6 +842,17 @@ def _check_encodable(inputs: list[str | tuple[str, str]]) -> None:
                     f"text {index} is not valid Unicode: {text[error.start]!r} at position {error.start} (a lone "
                     f"surrogate; was it decoded from bytes that are not UTF-8?)"
                 ) from None
+
+
+def _offsets(encoding: Any, start: int) -> list[tuple[int, int]]:
+    """The encoding's offsets in the whole text when it was made from the text's part from `start` on: the text's
+    tokens move by `start`; the tokens the template or padding add (no sequence) keep (0, 0)."""
+    if not start:
+        return encoding.offsets
+    return [
+        offset if sequence is None else (offset[0] + start, offset[1] + start)
+        for offset, sequence in zip(encoding.offsets, encoding.sequence_ids, strict=True)
+    ]
 
 
 def _as_tensor(key: str, rows: list[list[Any]], return_tensors: str) -> Any:

@@ -1,5 +1,7 @@
 """A tokenizer folder's files, read and checked as transformers reads them: tokenizer_config.json and
-special_tokens_map.json (every option hfbert uses, `model_max_length` among them), the tokens added on top of the
+special_tokens_map.json (every option hfbert uses: `model_max_length`, and the other defaults of a call,
+`padding_side`, `truncation_side`, `model_input_names`, `split_special_tokens`, `clean_up_tokenization_spaces`, which
+`from_pretrained` also takes as arguments, checked the same way), the tokens added on top of the
 vocabulary (`added_tokens_decoder`, the legacy added_tokens.json, the special-token lists), and whether a
 vocab.txt folder's `tokenizer_class` is BERT's WordPiece at all. A bad option is a `ConfigError` naming the file,
 the field and the values it accepts; a file that is not a JSON object, a legacy added_tokens.json that is not
@@ -50,16 +52,25 @@ _MAX_LENGTH_VALUES = (
 )
 # The lists of extra special tokens a tokenizer config or special_tokens_map.json may hold.
 _TOKEN_LISTS = ("extra_special_tokens", "additional_special_tokens")
-# The tokenizers library takes only true / false for the first two. transformers reads the third by truthiness
-# (`if clean_up_tokenization_spaces:`), so 1 / 0 / null, as older configs write flags, are taken for it too.
-_BOOLEAN_OPTIONS = (
-    "do_lower_case",
-    "tokenize_chinese_chars",
+# The pipeline's flags: the tokenizers library takes only true / false.
+_BOOLEAN_OPTIONS = ("do_lower_case", "tokenize_chinese_chars", "add_prefix_space", "trim_offsets")
+# transformers reads the clean-up flags by truthiness (`if clean_up_tokenization_spaces:`), so 1 / 0 / null, as
+# older configs write flags, are taken for them too.
+_TRUTHY_OPTIONS = (
     "clean_up_tokenization_spaces",
-    "add_prefix_space",
-    "trim_offsets",
+    "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
 )
-_TRUTHY_OPTIONS = ("clean_up_tokenization_spaces",)
+# The defaults of a call that tokenizer_config.json sets, as transformers 5 reads them; `from_pretrained` takes the
+# same names as arguments, which win over the file.
+CALL_OPTIONS = (
+    "padding_side",
+    "truncation_side",
+    "model_input_names",
+    "split_special_tokens",
+    "clean_up_tokenization_spaces",
+    "model_max_length",
+)
+SIDES = ("right", "left")
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 
 
@@ -73,13 +84,9 @@ def token_text(token: str | dict[str, Any] | None, default: str) -> str:
 def read_tokenizer_options(path: Path) -> dict[str, Any]:
     """tokenizer_config.json (or special_tokens_map.json) as a dict, every option hfbert reads checked:
     `ConfigError` naming the file, the field and the values it accepts. `model_max_length` comes back an int."""
-    values = read_json_object(path, missing_ok=True)
+    values = check_call_options(read_json_object(path, missing_ok=True), path)
     for name in _BOOLEAN_OPTIONS:
-        if name not in values or isinstance(values[name], bool):
-            continue
-        if name in _TRUTHY_OPTIONS and values[name] in (0, 1, None):
-            values[name] = bool(values[name])
-        else:
+        if name in values and not isinstance(values[name], bool):
             raise _option_error(path, name, values[name], "true or false")
     if values.get("strip_accents") is not None and not isinstance(values["strip_accents"], bool):
         expected = "true, false or null (follow do_lower_case)"
@@ -93,14 +100,40 @@ def read_tokenizer_options(path: Path) -> dict[str, Any]:
         if value and not (isinstance(value, list) and all(_is_token(token) and _flags_valid(token) for token in value)):
             expected = 'a list of tokens (strings, or objects with a "content" string and true / false flags)'
             raise _option_error(path, name, value, expected)
-    if "model_max_length" in values:
-        values["model_max_length"] = model_max_length(values["model_max_length"], path)
     if "added_tokens_decoder" in values:
         _check_added_tokens(values["added_tokens_decoder"], path)
     return values
 
 
-def model_max_length(value: Any, source: str | os.PathLike) -> int:
+def check_call_options(values: dict[str, Any], source: str | os.PathLike, kind: str = "field") -> dict[str, Any]:
+    """`values` with the call defaults of `CALL_OPTIONS` checked as transformers 5 checks them, and taken as it
+    takes them (a clean-up flag by truthiness, `model_max_length` as an int, `model_input_names` as a list):
+    `ConfigError` naming `source`, the `kind` ("field" of a file, "argument" of a call) and the values it accepts.
+    Other keys come back as they are."""
+    values = dict(values)
+    for name in _TRUTHY_OPTIONS:
+        if name in values and values[name] in (0, 1, None):  # True and False among them
+            values[name] = bool(values[name])
+    # The tokenizers library takes only true / false for split_special_tokens.
+    for name in (*_TRUTHY_OPTIONS, "split_special_tokens"):
+        if name in values and not isinstance(values[name], bool):
+            raise _option_error(source, name, values[name], "true or false", kind=kind)
+    for name in ("padding_side", "truncation_side"):
+        if name in values and values[name] not in SIDES:
+            raise _option_error(source, name, values[name], "'right' or 'left'", kind=kind)
+    if "model_input_names" in values:
+        names = values["model_input_names"]
+        # A string would be read letter by letter (transformers takes list("input_ids")), so no field is ever named.
+        if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) and name for name in names):
+            expected = 'a list of input names, e.g. ["input_ids", "attention_mask"]'
+            raise _option_error(source, "model_input_names", names, expected, kind=kind)
+        values["model_input_names"] = list(names)
+    if "model_max_length" in values:
+        values["model_max_length"] = model_max_length(values["model_max_length"], source, kind)
+    return values
+
+
+def model_max_length(value: Any, source: str | os.PathLike, kind: str = "field") -> int:
     """tokenizer_config.json's `model_max_length` as transformers takes it: null means no limit (NO_MAX_LENGTH);
     above 1e20 is no limit too (kept, as transformers keeps it); else a positive integer the tokenizers library can
     truncate to. `ConfigError` naming `source` otherwise."""
@@ -108,10 +141,10 @@ def model_max_length(value: Any, source: str | os.PathLike) -> int:
         return NO_MAX_LENGTH
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if number is None or not math.isfinite(number) or number != int(number):
-        raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES)
+        raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES, kind=kind)
     if number > LARGE_INTEGER or 1 <= number <= _MAX_REAL_LENGTH:
         return int(number)
-    raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES)
+    raise _option_error(source, "model_max_length", value, _MAX_LENGTH_VALUES, kind=kind)
 
 
 def _check_added_tokens(decoder: Any, path: Path) -> None:
@@ -139,11 +172,11 @@ def _is_token(value: Any) -> bool:
 
 
 def _option_error(
-    source: str | os.PathLike, name: str, value: Any, expected: str, entry: str | None = None
+    source: str | os.PathLike, name: str, value: Any, expected: str, entry: str | None = None, kind: str = "field"
 ) -> ConfigError:
     shown = repr(value)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    where = f"field '{name}'" + (f" entry '{entry}'" if entry is not None else "")
+    where = f"{kind} '{name}'" + (f" entry '{entry}'" if entry is not None else "")
     return ConfigError(f"{os.fspath(source)}: {where} is {shown}; expected {expected}")
 
 

@@ -184,6 +184,7 @@ class Embedder:
                 padding=True,
                 truncation=True,
                 max_length=self.max_length,
+                return_attention_mask=True,  # pooling needs it, even where model_input_names leaves it out
                 return_tensors="pt",
             ).to(self.model.device)
             hidden = self.model(**batch, return_dict=True).last_hidden_state
