@@ -21,7 +21,7 @@ from converters.dtypes import dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sha256_of
 from converters.key_map import LAYOUTS, map_key
-from converters.loading import check_auto_map
+from converters.loading import check_auto_map, check_family
 
 if TYPE_CHECKING:
     from hfbert.modeling.config import BertConfig
@@ -38,7 +38,9 @@ _CONFIG_FIELDS = (
 
 def summary(directory: Path) -> dict[str, Any]:
     """What `describe` prints, as data (`hfbert inspect --json`): config, custom code (`auto_map` and why hfbert
-    refuses to load it; null when none), files, tensors, parameter counts."""
+    refuses to load it; null when none), files, tensors, parameter counts. CheckpointError, the loaders' own, when
+    the tensors are named for another family than config.json says (`bert.` tensors beside model_type "roberta")."""
+    from hfbert.modeling.auto import model_class
     from hfbert.modeling.config import BertConfig
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
@@ -49,6 +51,9 @@ def summary(directory: Path) -> dict[str, Any]:
     except CheckpointError as error:  # the refusal a load would give, as the reason
         custom_code = {"auto_map": auto_map, "refused": str(error)}
     checkpoint = read_checkpoint(directory)
+    # The loaders' own check, so that inspect never lists as loadable tensors every loader refuses (`bert.` tensors
+    # beside model_type "xlm-roberta" would map as if they had no prefix: "loaded as is").
+    check_family(model_class(config), config, checkpoint)
     files = [
         {**facts, "not_read": checkpoint.not_read.get(facts["name"])}
         for facts in describe_files(sorted(p for p in directory.iterdir() if p.is_file()))
