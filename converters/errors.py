@@ -1,4 +1,4 @@
-"""The one exception every checkpoint problem raises."""
+"""The exceptions checkpoint problems raise."""
 
 
 class CheckpointError(ValueError, RuntimeError):
@@ -6,3 +6,11 @@ class CheckpointError(ValueError, RuntimeError):
 
     A `ValueError` (a bad input file), and also the `RuntimeError` that torch's `load_state_dict` raises for the
     same problems, so code written against either catches it."""
+
+
+class CheckpointNotFoundError(CheckpointError, OSError):
+    """No checkpoint where one was asked for: a path that does not exist or is not a folder, a repo id or revision
+    the Hub does not have (or that is not in the cache when offline), a repo without weights.
+
+    Also an `OSError`, as transformers raises there, so the `except OSError` fallbacks written around
+    `from_pretrained` (try a local folder, then another loader) catch it."""

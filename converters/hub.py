@@ -30,11 +30,11 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from converters.checkpoint_files import PICKLE_INDEX, SAFETENSORS_INDEX, WEIGHT_FILE_PREFERENCE, read_shard_index
-from converters.errors import CheckpointError
+from converters.errors import CheckpointError, CheckpointNotFoundError
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILES = (
@@ -99,17 +99,30 @@ def resolve_checkpoint(
     include_sentence_transformers: bool = False,
     cache_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
+    subfolder: str | os.PathLike | None = "",
 ) -> Path:
     """A local directory holding config.json, the weights and (if asked) the tokenizer and sentence-transformers
-    files for the source. `cache_dir` and `token` apply to Hub repo ids, as in huggingface_hub."""
+    files for the source. `cache_dir` and `token` apply to Hub repo ids, as in huggingface_hub; `subfolder` is the
+    checkpoint's folder inside the directory or repo, as in transformers' `from_pretrained`. Nothing there (no such
+    directory, a file, an unknown repo id or revision) raises `CheckpointNotFoundError`, an `OSError` too."""
+    subfolder = checked_subfolder(subfolder)
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir():
         if revision is not None:
             raise CheckpointError(f"{path}: revision={revision!r} applies to Hub repo ids, not to a local directory")
-        return path
+        directory = path / subfolder if subfolder else path
+        if not directory.is_dir():
+            raise CheckpointNotFoundError(
+                f"{directory}: not a checkpoint directory (no folder {subfolder!r} in {path}; subfolder= names the "
+                "folder inside it that holds config.json and the weights)"
+            )
+        return directory
     text = os.fspath(path_or_repo_id)
     if looks_like_local_path(path_or_repo_id):
-        raise CheckpointError(f"{text}: not a checkpoint directory (expected a folder holding config.json and weights)")
+        what = "a file, " if path.exists() else "no such directory, "
+        raise CheckpointNotFoundError(
+            f"{text}: not a checkpoint directory ({what}expected a folder holding config.json and weights)"
+        )
     snapshot = download(
         text,
         revision,
@@ -118,8 +131,22 @@ def resolve_checkpoint(
         include_tokenizer=include_tokenizer,
         include_weights=include_weights,
         include_sentence_transformers=include_sentence_transformers,
+        subfolder=subfolder,
     )
-    return snapshot.directory
+    return snapshot.directory / subfolder if subfolder else snapshot.directory
+
+
+def checked_subfolder(subfolder: str | os.PathLike | None) -> str:
+    """`subfolder` as a "/"-separated path inside a checkpoint ("" for none); ValueError for one that is absolute or
+    climbs out with "..", which would read files outside the checkpoint (or the repo's snapshot)."""
+    if not subfolder:
+        return ""
+    path = PurePosixPath(os.fspath(subfolder))
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            f"subfolder={os.fspath(subfolder)!r}: expected a folder inside the checkpoint (a relative path, no '..')"
+        )
+    return "/".join(part for part in path.parts if part != ".")
 
 
 def looks_like_local_path(path_or_repo_id: str | os.PathLike) -> bool:
@@ -146,13 +173,15 @@ def download(
     include_weights: bool = True,
     include_sentence_transformers: bool = False,
     token: str | bool | None = None,
+    subfolder: str = "",
 ) -> Snapshot:
-    """Download (or find in the cache) what hfbert loads from `repo_id`, verified; see the module docstring."""
+    """Download (or find in the cache) what hfbert loads from `repo_id`, verified; see the module docstring. With
+    `subfolder`, the files of the checkpoint in that folder of the repo; `Snapshot.directory` is the repo's root."""
     from huggingface_hub import HfApi, constants
 
     if offline or constants.HF_HUB_OFFLINE:
         reason = "offline mode was asked for" if offline else "HF_HUB_OFFLINE is set"
-        return cached_snapshot(repo_id, revision, cache_dir, reason, token)
+        return cached_snapshot(repo_id, revision, cache_dir, reason, token, subfolder)
     try:
         with hub_errors(repo_id, revision):
             info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
@@ -160,29 +189,33 @@ def download(
         raise
     except Exception as error:  # no network, DNS failure, timeout, server error: fall back to the cache
         reason = f"the Hub is unreachable ({type(error).__name__}: {error})"
-        return cached_snapshot(repo_id, revision, cache_dir, reason, token)
+        return cached_snapshot(repo_id, revision, cache_dir, reason, token, subfolder)
 
     siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
-    weight_file = next((name for name in WEIGHT_FILE_PREFERENCE if name in siblings), None)
+    root = f"{subfolder}/" if subfolder else ""
+    inside = [name.removeprefix(root) for name in siblings if name.startswith(root)]  # relative to the checkpoint
+    where = f"in folder {subfolder!r} of the repository" if subfolder else "in the repository"
+    weight_file = next((name for name in WEIGHT_FILE_PREFERENCE if name in inside), None)
     if weight_file is None and include_weights:
-        raise CheckpointError(
-            f"{repo_id}@{info.sha}: no PyTorch weights in the repository "
-            f"(looked for {', '.join(WEIGHT_FILE_PREFERENCE)})"
+        raise CheckpointNotFoundError(
+            f"{repo_id}@{info.sha}: no PyTorch weights {where} (looked for {', '.join(WEIGHT_FILE_PREFERENCE)})"
         )
-    wanted = [CONFIG_FILE] if CONFIG_FILE in siblings or include_weights else []
+    wanted = [CONFIG_FILE] if CONFIG_FILE in inside or include_weights else []
     if include_weights:
         wanted.append(weight_file)
     if include_tokenizer:
-        wanted += [name for name in TOKENIZER_FILES if name in siblings]
+        wanted += [name for name in TOKENIZER_FILES if name in inside]
     if include_sentence_transformers:
-        wanted += sentence_transformers_files(siblings)
+        wanted += sentence_transformers_files(inside)
+    if not wanted:  # nothing to download, so no snapshot folder to hand out
+        raise CheckpointNotFoundError(f"{repo_id}@{info.sha}: no {CONFIG_FILE} or tokenizer files {where}")
     snapshot = Snapshot(directory=Path(), commit=info.sha)
     for filename in wanted:
-        _fetch(repo_id, filename, snapshot, siblings, cache_dir, token)
+        _fetch(repo_id, root + filename, snapshot, siblings, cache_dir, token)
     if include_weights and weight_file in (SAFETENSORS_INDEX, PICKLE_INDEX):
-        index = snapshot.directory / weight_file
+        index = snapshot.directory / root / weight_file
         for shard in dict.fromkeys(read_shard_index(index, must_exist=False).values()):
-            _fetch(repo_id, shard.name, snapshot, siblings, cache_dir, token)
+            _fetch(repo_id, root + shard.name, snapshot, siblings, cache_dir, token)
     _record_revision(snapshot, revision or "main")
     return snapshot
 
@@ -236,17 +269,20 @@ def hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
             f"{repo_id}: gated repository; accept its terms on the Hub and log in (`hf auth login` or HF_TOKEN)"
         ) from None
     except RevisionNotFoundError:
-        raise CheckpointError(f"{repo_id}: revision {revision!r} does not exist") from None
+        raise CheckpointNotFoundError(f"{repo_id}: revision {revision!r} does not exist") from None
     except RepositoryNotFoundError:
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"{repo_id}: no such model repository on {constants.ENDPOINT} (or it is private: log in first)"
         ) from None
     except HFValidationError as error:
-        raise CheckpointError(f"{repo_id}: neither a local directory nor a valid repo id ({error})") from None
+        raise CheckpointNotFoundError(f"{repo_id}: neither a local directory nor a valid repo id ({error})") from None
 
 
-def cached_snapshot(repo_id: str, revision: str | None, cache_dir, reason: str, token=None) -> Snapshot:
-    """The cached snapshot of `repo_id` at `revision`, with no network call; LFS blobs verified by their names."""
+def cached_snapshot(
+    repo_id: str, revision: str | None, cache_dir, reason: str, token=None, subfolder: str = ""
+) -> Snapshot:
+    """The cached snapshot of `repo_id` at `revision`, with no network call; LFS blobs verified by their names (those
+    of `subfolder` when given, the checkpoint's folder in the repo)."""
     from huggingface_hub import constants, snapshot_download
 
     try:
@@ -259,10 +295,13 @@ def cached_snapshot(repo_id: str, revision: str | None, cache_dir, reason: str, 
             f"Download it once with network access, or pass a local directory."
         ) from None
     snapshot = Snapshot(directory=directory, commit=directory.name)
+    base = directory / subfolder if subfolder else directory
+    if not base.is_dir():
+        raise CheckpointNotFoundError(f"{repo_id}@{directory.name}: no folder {subfolder!r} in the cached snapshot")
     nested = sentence_transformers_files(
-        path.relative_to(directory).as_posix() for path in directory.glob("*/*") if not path.is_dir()
+        path.relative_to(base).as_posix() for path in base.glob("*/*") if not path.is_dir()
     )  # the module folders hfbert reads (1_Pooling/, 2_Dense/), not onnx/ or openvino/
-    for file in sorted([path for path in directory.iterdir() if not path.is_dir()] + [directory / n for n in nested]):
+    for file in sorted([path for path in base.iterdir() if not path.is_dir()] + [base / n for n in nested]):
         name = file.relative_to(directory).as_posix()
         snapshot.files.append(name)
         # In the cache an LFS file is a link to blobs/<sha256 of its content>: check the content still fits.

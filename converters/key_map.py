@@ -37,8 +37,8 @@ RENAMED_SUFFIXES = {
 class KeyLayout:
     """How one model family names its tensors: the encoder's prefix in task models, the task heads by the prefix of
     their tensors (-> what they are, shown in the load report when skipped), and the masked-LM decoder's ties to
-    backbone-relative names (transformers stores neither tied copy; a decoder stored equal to its source is the tie
-    written out)."""
+    backbone-relative names, made only with `tie_word_embeddings` as in transformers 5 (transformers stores neither
+    tied copy; a decoder stored equal to its source is the tie written out, one stored different breaks the tie)."""
 
     prefix: str
     heads: dict[str, str] = field(hash=False)

@@ -40,6 +40,8 @@ class LoadReport:
     non_finite: list[tuple[str, str]] = field(default_factory=list)  # checkpoint name, what is wrong
     new_head: list[str] = field(default_factory=list)  # a task head the checkpoint lacks entirely, initialised
     initialized: list[str] = field(default_factory=list)  # missing (strict=False) or mismatched, initialised
+    # Tied parameter -> its source, for ties the checkpoint breaks (both stored, different values): not made.
+    untied: dict[str, str] = field(default_factory=dict)
     # ignore_mismatched_sizes=True: mismatched parameters are initialised afresh (listed in `initialized` too)
     mismatched_reinitialized: bool = field(default_factory=_IGNORE_MISMATCHED_SIZES.get)
 
@@ -88,6 +90,8 @@ class LoadReport:
             rows.append(("new head (initialised)", len(self.new_head), _examples(self.new_head)))
         if self.initialized:
             rows.append(("randomly initialised", len(self.initialized), _examples(self.initialized)))
+        if self.untied:
+            rows.append(("tied in config, stored apart", len(self.untied), _examples(self.untied)))
         width = max(len(label) for label, _, _ in rows)
         lines = [f"load report for {self.source}"]
         lines += [f"  {label:<{width}}  {count:>5}  {detail}".rstrip() for label, count, detail in rows]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -34,6 +35,9 @@ from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.key_map import LAYOUTS, KeyLayout, check_legacy_buffer, family_of_prefix, map_key, normalize_name
 from converters.load_report import LoadReport
 
+# hfbert's logger: what transformers warns about on its own logger (a tie not made, heads re-initialised) goes here.
+log = logging.getLogger("hfbert")
+
 
 def load_pretrained(
     model_class: type[nn.Module],
@@ -48,6 +52,7 @@ def load_pretrained(
     config: Any = None,
     model_args: tuple[Any, ...] = (),
     ignore_auto_map: bool = False,
+    subfolder: str = "",
     **kwargs: Any,
 ) -> nn.Module | tuple[nn.Module, dict[str, Any]]:
     """See `BertPreTrainedModel.from_pretrained`. `config` (a config object) replaces config.json, as in
@@ -55,10 +60,11 @@ def load_pretrained(
     kwargs go to the model's constructor (e.g. `add_pooling_layer=False`). The attention implementation is set on
     the config (`config._attn_implementation`), where every model reads it, not passed to the constructor.
     A config whose `auto_map` sends the model to custom code is refused (`check_auto_map`) unless
-    `ignore_auto_map=True` says the weights are plain BERT."""
+    `ignore_auto_map=True` says the weights are plain BERT. `subfolder` is the checkpoint's folder inside the
+    directory or repo, as in transformers."""
     config_class = model_class.config_class
     check_requested_dtype(dtype)
-    directory = resolve_checkpoint(path_or_repo_id, revision)
+    directory = resolve_checkpoint(path_or_repo_id, revision, subfolder=subfolder)
     if config is None:
         config = config_class.from_json_file(directory / CONFIG_FILE)
     else:  # a copy, as transformers makes: the caller's object is never changed by the load
@@ -92,6 +98,8 @@ def load_pretrained(
         tied,
         model.key_layout,
     )
+    for target, source in report.untied.items():  # a parameter of its own now, shaped as its source
+        expected_shapes[target] = expected_shapes[source]
     new_head = _new_head_parameters(report, heads)
     for name in new_head:
         report.missing.remove(name)
@@ -115,12 +123,15 @@ def load_pretrained(
         origin = functools.partial(_origin, name, checkpoint, heads, model.base_prefix, model.key_layout)
         check_cast(name, stored[name], tensor, origin, "load as")
     model.load_state_dict(state, strict=False, assign=True)
+    if report.untied:
+        model._untied_weights = frozenset(report.untied)
     model.tie_weights()
     left_on_meta = [name for name, parameter in model.named_parameters() if parameter.is_meta]
     if left_on_meta:  # would be a bug in the checks above; never hand out such a model
         raise CheckpointError(f"{directory}: internal error: parameters not filled: {', '.join(left_on_meta)}")
     model.name_or_path = str(directory)
     model.eval()
+    _warn_about(report, model_class, directory, checkpoint)
     if output_loading_info:
         return model, report.to_loading_info()
     return model
@@ -205,8 +216,10 @@ def match_checkpoint(
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Map every checkpoint tensor to a model parameter; report what fits and what does not.
 
-    `tied` maps parameters that are the same tensor as another (the MLM decoder weight -> the word embeddings):
-    a stored copy must equal its partner, and is then skipped as ignored by design.
+    `tied` maps parameters that are the same tensor as another (the MLM decoder weight -> the word embeddings),
+    and a tie stands as transformers 5 makes it: a stored copy equal to its partner is skipped as ignored by design;
+    one that differs is loaded as a parameter of its own (`report.untied`: the tie is not made); one whose partner
+    the checkpoint lacks is loaded as the partner (the pair stored under the other name).
     """
     tied = tied or {}
     report = LoadReport(source=source)
@@ -238,32 +251,81 @@ def match_checkpoint(
             else:
                 report.unexpected.append(name)
             continue
-        if tuple(tensor.shape) != expected_shapes[target]:
-            report.mismatched.append((target, tuple(tensor.shape), expected_shapes[target]))
-            continue
-        if tensor.dtype not in PARAMETER_DTYPES:
-            raise CheckpointError(
-                f"{file}: tensor '{name}' has dtype {tensor.dtype}; parameters must be one of "
-                f"{', '.join(dtype_name(dtype) for dtype in PARAMETER_DTYPES)}"
-            )
-        problem = non_finite(tensor)
-        if problem:
-            report.non_finite.append((name, problem))
-        state[target] = tensor
-        report.loaded.append(target)
-        if mapped.action == "renamed":
+        if _accept(name, target, tensor, expected_shapes[target], file, state, report) and mapped.action == "renamed":
             report.renamed[name] = target
     for name, target, tensor in tied_copies:
-        partner = state.get(tied[target])
-        if partner is not None and not (partner.shape == tensor.shape and torch.equal(partner, tensor)):
-            raise CheckpointError(
-                f"{checkpoint.origin[name]}: '{name}' differs from '{tied[target]}', but config.json says they are "
-                f"tied (tie_word_embeddings); set tie_word_embeddings to false to load them separately"
-            )
-        report.ignored_by_design[name] = f"tied to {tied[target]}; stored once"
+        source = tied[target]
+        partner = state.get(source)
+        file = str(checkpoint.origin[name])
+        if partner is None:
+            if source in expected_shapes and source not in claimed_by:
+                if _accept(name, source, tensor, expected_shapes[source], file, state, report):
+                    report.renamed[name] = source
+            else:  # its partner is stored but mismatched, or is no parameter of this model
+                report.ignored_by_design[name] = f"tied to {source}; stored once"
+        elif partner.shape == tensor.shape and partner.dtype == tensor.dtype and torch.equal(partner, tensor):
+            report.ignored_by_design[name] = f"tied to {source}; stored once"
+        else:
+            report.untied[target] = source
+            _accept(name, target, tensor, expected_shapes[source], file, state, report)
     mismatched = {name for name, _, _ in report.mismatched}
     report.missing = [name for name in expected_shapes if name not in state and name not in mismatched]
     return state, report
+
+
+def _accept(
+    name: str,
+    target: str,
+    tensor: Tensor,
+    expected_shape: tuple[int, ...],
+    file: str,
+    state: dict[str, Tensor],
+    report: LoadReport,
+) -> bool:
+    """Take checkpoint tensor `name` as parameter `target` when its shape is the model's (else report it
+    mismatched and return False); refuse a dtype no kernel runs; report NaN / Inf values."""
+    if tuple(tensor.shape) != expected_shape:
+        report.mismatched.append((target, tuple(tensor.shape), expected_shape))
+        return False
+    if tensor.dtype not in PARAMETER_DTYPES:
+        raise CheckpointError(
+            f"{file}: tensor '{name}' has dtype {tensor.dtype}; parameters must be one of "
+            f"{', '.join(dtype_name(dtype) for dtype in PARAMETER_DTYPES)}"
+        )
+    problem = non_finite(tensor)
+    if problem:
+        report.non_finite.append((name, problem))
+    state[target] = tensor
+    report.loaded.append(target)
+    return True
+
+
+def _warn_about(report: LoadReport, model_class: type, directory: Path, checkpoint: CheckpointTensors) -> None:
+    """What transformers warns about when a load succeeds, on hfbert's logger: ties the checkpoint breaks, and
+    parameters initialised afresh because their shape differs from the checkpoint's."""
+    files = ", ".join(str(file) for file in checkpoint.files)
+    for target, source in report.untied.items():
+        log.warning(
+            "%s: config.json ties '%s' to '%s' (tie_word_embeddings), but the checkpoint stores both, with different "
+            "values: they are loaded apart and NOT tied, as transformers does. Set tie_word_embeddings to false in "
+            "config.json to silence this warning.",
+            files,
+            target,
+            source,
+        )
+    if report.mismatched:
+        shapes = "\n".join(
+            f"- {name}: found shape {stored} in the checkpoint and {expected} in the model instantiated"
+            for name, stored, expected in report.mismatched
+        )
+        log.warning(
+            "Some weights of %s were not initialized from the model checkpoint at %s and are newly initialized "
+            "because the shapes did not match:\n%s\nYou should probably TRAIN this model on a down-stream task to be "
+            "able to use it for predictions and inference.",
+            model_class.__name__,
+            directory,
+            shapes,
+        )
 
 
 def check_family(model_class: type[nn.Module], config: Any, checkpoint: CheckpointTensors) -> None:
@@ -440,6 +502,18 @@ def _strict_failure_message(directory: Path, report: LoadReport, checkpoint: Che
     if len(report.problems) > len(shown):
         lines.append(f"  ... and {len(report.problems) - len(shown)} more")
     if report.missing and all(".pooler." in f".{name}" for name in report.missing):
-        lines.append("This checkpoint has no pooler: load it with add_pooling_layer=False.")
+        lines.append(
+            "This checkpoint has no pooler (a masked-LM model is saved without one): load it with "
+            "add_pooling_layer=False, or pass strict=False to initialise a new pooler, as transformers does."
+        )
+    for name in report.missing:
+        head = name.removesuffix("decoder.bias")
+        if name.endswith(".decoder.bias") and head + "bias" in report.loaded:
+            lines.append(
+                f"Checkpoints saved before transformers 5 with tie_word_embeddings false store the decoder's bias only "
+                f"as '{head}bias' (the two were one tensor there); transformers 5 starts '{name}' from zeros. "
+                f"Pass strict=False to load it so, then copy '{head}bias' into it to compute what such a checkpoint "
+                f"computed before."
+            )
     lines.append("Nothing was loaded. Pass strict=False to load anyway (missing parameters are then initialised).")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
+from converters.hub import CONFIG_FILE, resolve_checkpoint
 from hfbert.modeling import heads, mpnet, roberta
 from hfbert.modeling.config import BertConfig, ConfigError
 from hfbert.modeling.model import BertModel
@@ -64,9 +65,17 @@ class AutoModel:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any) -> Any:
+        """The family's class for `task`, chosen by config.json's model_type (or `config=`), then its
+        `from_pretrained` with the same arguments (`subfolder` too)."""
         config = kwargs.get("config")
         if config is None:
-            config = BertConfig.from_pretrained(pretrained_model_name_or_path, revision=kwargs.get("revision"))
+            directory = resolve_checkpoint(
+                pretrained_model_name_or_path,
+                kwargs.get("revision"),
+                include_weights=False,
+                subfolder=kwargs.get("subfolder", ""),
+            )
+            config = BertConfig.from_json_file(directory / CONFIG_FILE)
         elif not isinstance(config, BertConfig):
             config = BertConfig.from_object(config)
         return model_class(config, cls.task).from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)

@@ -1,8 +1,8 @@
 """Task heads on top of `BertModel`, with transformers' module names so checkpoints load both ways.
 
-The encoder is `bert.`; the pre-training heads are `cls.predictions` (masked LM, its decoder tied to the word
-embeddings and its bias to `cls.predictions.bias`) and `cls.seq_relationship` (next sentence); fine-tuning
-heads are `classifier` and `qa_outputs`. Losses follow transformers exactly (including how
+The encoder is `bert.`; the pre-training heads are `cls.predictions` (masked LM; with `tie_word_embeddings` its
+decoder is tied to the word embeddings and its bias to `cls.predictions.bias`) and `cls.seq_relationship` (next
+sentence); fine-tuning heads are `classifier` and `qa_outputs`. Losses follow transformers exactly (including how
 BertForSequenceClassification picks regression / single-label / multi-label).
 
     >>> import torch, hfbert
@@ -13,7 +13,7 @@ BertForSequenceClassification picks regression / single-label / multi-label).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,8 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        # decoder.weight is tied to the word embeddings and decoder.bias to `bias` (see tied_weights).
+        # With tie_word_embeddings, decoder.weight is the word embeddings and decoder.bias is `bias`; without, both
+        # are the decoder's own and forward reads decoder.bias, as in transformers 5 (see tied_weights).
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
@@ -67,11 +68,19 @@ class _BertWithHead(BertPreTrainedModel):
 
     # The encoder's class; it is kept at `base_model_prefix` (`self.bert`, RoBERTa's `self.roberta`).
     backbone_class: type[BertModel] = BertModel
+    # Whether the encoder comes after the heads in the module tree, as transformers registers it in XLM-RoBERTa's
+    # and CamemBERT's task models: parameter order is what an optimizer state is matched by.
+    encoder_after_heads: ClassVar[bool] = False
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str | None) -> None:
         super().__init__(config)
         encoder = self.backbone_class(self.config, add_pooling_layer, attn_implementation=attn_implementation)
         self.add_module(self.base_model_prefix, encoder)
+
+    def init_weights(self) -> None:
+        if self.encoder_after_heads:
+            self._modules[self.base_model_prefix] = self._modules.pop(self.base_model_prefix)
+        super().init_weights()
 
     def encode(self, *inputs: Any) -> Any:
         """The encoder on forward's first seven arguments (input_ids ... output_hidden_states), in that order."""
@@ -95,13 +104,16 @@ class _MaskedLanguageModel(_BertWithHead):
         return self.cls.predictions
 
     def tied_weights(self) -> dict[str, str]:
+        """As transformers 5: with `tie_word_embeddings` the decoder's weight is the word embeddings and its bias the
+        head's `bias`; without, neither is tied (forward reads the decoder's own bias). A tie whose two tensors the
+        loaded checkpoint stores with different values is not made (`from_pretrained` warns), as in transformers."""
+        if not self.config.tie_word_embeddings:
+            return {}
         tied = {}
         for name, source in self.key_layout.tied_decoder.items():
-            if head_of(source, self.key_layout) is None:  # the word embeddings, tied only when the config says so
-                if not self.config.tie_word_embeddings:
-                    continue
-                source = self.base_prefix + source
-            tied[name] = source
+            if name in self._untied_weights:
+                continue
+            tied[name] = source if head_of(source, self.key_layout) is not None else self.base_prefix + source
         return tied
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -109,16 +121,26 @@ class _MaskedLanguageModel(_BertWithHead):
 
     def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
         predictions = self.prediction_head
-        old = predictions.bias
+        tied = self.tied_weights()
+        weight_tied = any(name.endswith(".decoder.weight") for name in tied)
+        bias_tied = any(name.endswith(".decoder.bias") for name in tied)
+        old_bias, old_decoder = predictions.bias, predictions.decoder
         # transformers (5.24) grows the bias with zeros while the decoder is tied, with the old mean once untied.
-        tied = self.config.tie_word_embeddings
-        predictions.bias = nn.Parameter(resized_rows(old, new_num_tokens, mean_resizing and not tied, std=0.0))
-        if not tied:
-            decoder = nn.Linear(self.config.hidden_size, new_num_tokens).to(old.device, old.dtype)
+        grow_with_mean = mean_resizing and not weight_tied
+        if bias_tied:  # the decoder's bias follows when tie_weights runs
+            predictions.bias = nn.Parameter(resized_rows(old_bias, new_num_tokens, grow_with_mean, std=0.0))
+        if not weight_tied:
+            decoder = nn.Linear(self.config.hidden_size, new_num_tokens).to(old_bias.device, old_bias.dtype)
             std = self.config.initializer_range
-            decoder.weight = nn.Parameter(resized_rows(predictions.decoder.weight, new_num_tokens, mean_resizing, std))
+            decoder.weight = nn.Parameter(resized_rows(old_decoder.weight, new_num_tokens, mean_resizing, std))
             decoder._is_hf_initialized = True
             predictions.decoder = decoder
+        if not bias_tied:
+            bias = resized_rows(old_decoder.bias, new_num_tokens, grow_with_mean, std=0.0)
+            predictions.decoder.bias = nn.Parameter(bias)
+            # transformers' BERT and MPNet then take the decoder's bias as `bias` too (its RoBERTa keeps the old one,
+            # whose size no longer fits the vocabulary): a copy, so that the two save as two tensors.
+            predictions.bias = nn.Parameter(bias.clone())
         predictions.decoder.out_features = new_num_tokens
 
 

@@ -32,6 +32,9 @@ class BertPreTrainedModel(nn.Module):
     key_layout: ClassVar[KeyLayout] = BERT_KEYS
     config: BertConfig
     name_or_path: str = ""
+    # Ties of `tied_weights()` the loaded checkpoint breaks (it stores both tensors, with different values): left
+    # apart, as transformers leaves them, and saved apart.
+    _untied_weights: frozenset[str] = frozenset()
     # transformers' `PreTrainedModel` class attributes that Trainer, PEFT, accelerate and transformers' own model
     # tests read, with the values transformers' BERT classes have.
     config_class: ClassVar[type[BertConfig]] = BertConfig
@@ -144,6 +147,7 @@ class BertPreTrainedModel(nn.Module):
         return self.tied_weights()
 
     def tie_weights(self) -> None:
+        """Make every parameter of `tied_weights()` the very tensor it is tied to (after a load or a resize)."""
         for name, source in self.tied_weights().items():
             module_name, _, attribute = name.rpartition(".")
             setattr(self.get_submodule(module_name), attribute, self.get_parameter(source))
@@ -171,7 +175,13 @@ class BertPreTrainedModel(nn.Module):
         if new_num_tokens is None:
             new_num_tokens = old.num_embeddings
         if pad_to_multiple_of is not None:
-            if not (isinstance(pad_to_multiple_of, int) and pad_to_multiple_of > 0):
+            if not isinstance(pad_to_multiple_of, int):
+                # transformers' words, its typo included, so that code matching its message matches this one
+                raise ValueError(
+                    f"Asking to pad the embedding matrix to a multiple of `{pad_to_multiple_of}`, which is not and "
+                    "integer. Please make sure to pass an integer"
+                )
+            if pad_to_multiple_of <= 0:
                 raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}")
             new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
         if new_num_tokens <= 0:
@@ -286,23 +296,32 @@ class BertPreTrainedModel(nn.Module):
         output_loading_info: bool = False,
         ignore_mismatched_sizes: bool = False,
         torch_dtype: torch.dtype | str | None = None,
+        subfolder: str = "",
         **kwargs: Any,
     ) -> Any:
         """Load a BERT checkpoint from a local directory or a Hub repo id, in eval mode.
 
         The model is built on the meta device and its parameters are assigned the (memory-mapped) checkpoint
         tensors: no random initialisation and no second copy. `dtype=None` (or "auto") keeps the stored dtype;
-        a dtype or its name ("bfloat16") casts. With
-        `strict=True` (default) every parameter must come from the checkpoint with the right shape, otherwise
-        `hfbert.CheckpointError` says which; a task head the checkpoint has no tensor of (a new classifier)
-        is initialised and reported. `ignore_mismatched_sizes=True` (transformers' option) initialises afresh the
-        parameters whose shape differs from the checkpoint's (re-heading a classifier: `num_labels=7`) and reports
-        them as mismatched and reinitialised. `config` (a `BertConfig`, or transformers' own) is used instead of
-        config.json, as in transformers (`run_glue.py` re-heads a model this way). Keyword arguments that name
-        config fields override the config (`num_labels=3`); `model_args` and other keywords go to the constructor
-        (`add_pooling_layer=False`). `torch_dtype` is transformers' older name for `dtype`. A config.json whose
-        `auto_map` sends the model to custom code is refused (hfbert runs no checkpoint code);
-        `ignore_auto_map=True` loads it as plain BERT when you know its weights are.
+        a dtype or its name ("bfloat16") casts. With `strict=True` (default) every parameter must come from the
+        checkpoint with the right shape, otherwise `hfbert.CheckpointError` says which (`strict=False` initialises
+        what is missing, as transformers does); a task head the checkpoint has no tensor of (a new classifier) is
+        initialised and reported. `ignore_mismatched_sizes=True` (transformers' option) initialises afresh the
+        parameters whose shape differs from the checkpoint's (re-heading a classifier: `num_labels=7`), reports them
+        as mismatched and reinitialised, and warns on the "hfbert" logger, naming them and both shapes.
+
+        Ties follow `tie_word_embeddings` as in transformers 5: a masked LM's decoder weight and bias are the word
+        embeddings and the head's `bias` only when it is true, and a tie whose two tensors the checkpoint stores
+        with different values is not made (a warning says so). A path or repo id where there is no checkpoint raises
+        `CheckpointNotFoundError`, a `CheckpointError` that is also an `OSError`. `subfolder` is the checkpoint's
+        folder inside the directory or repo, as in transformers.
+
+        `config` (a `BertConfig`, or transformers' own) is used instead of config.json, as in transformers
+        (`run_glue.py` re-heads a model this way). Keyword arguments that name config fields override the config
+        (`num_labels=3`); `model_args` and other keywords go to the constructor (`add_pooling_layer=False`).
+        `torch_dtype` is transformers' older name for `dtype`. A config.json whose `auto_map` sends the model to
+        custom code is refused (hfbert runs no checkpoint code); `ignore_auto_map=True` loads it as plain BERT when
+        you know its weights are.
         `output_loading_info=True` returns `(model, info)` with transformers' keys plus `info["report"]`.
 
             >>> model = BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
@@ -324,6 +343,7 @@ class BertPreTrainedModel(nn.Module):
                 output_loading_info=output_loading_info,
                 config=config,
                 model_args=model_args,
+                subfolder=subfolder,
                 **kwargs,
             )
         mark_initialized(loaded[0] if output_loading_info else loaded)

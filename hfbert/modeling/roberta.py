@@ -37,7 +37,19 @@ from hfbert.modeling.heads import (
     BertForTokenClassification,
     _BertWithHead,
 )
-from hfbert.modeling.model import BertModel
+from hfbert.modeling.model import BertEmbeddings, BertModel
+
+
+class RobertaEmbeddings(BertEmbeddings):
+    """BERT's embeddings, registered in the order of transformers' RobertaEmbeddings: `position_embeddings` last.
+
+    Parameter order is what an optimizer's state is matched by (it stores moments by index), so an optimizer state
+    saved from transformers' RoBERTa would otherwise give one tensor's moments to another, or fail on their shapes.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self._modules["position_embeddings"] = self._modules.pop("position_embeddings")
 
 
 class RobertaModel(BertModel):
@@ -46,6 +58,7 @@ class RobertaModel(BertModel):
     config_class: ClassVar[type[BertConfig]] = RobertaConfig
     base_model_prefix: ClassVar[str] = "roberta"
     key_layout: ClassVar[KeyLayout] = ROBERTA_KEYS
+    embeddings_class = RobertaEmbeddings
 
 
 class _RobertaFamily:
@@ -59,8 +72,8 @@ class _RobertaFamily:
 
 
 class RobertaLMHead(nn.Module):
-    """`lm_head`: dense -> exact GELU (whatever `hidden_act` says, as in transformers) -> layer_norm -> decoder, the
-    decoder tied to the word embeddings and its bias to `lm_head.bias`."""
+    """`lm_head`: dense -> exact GELU (whatever `hidden_act` says, as in transformers) -> layer_norm -> decoder; with
+    `tie_word_embeddings` the decoder is tied to the word embeddings and its bias to `lm_head.bias`."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -131,11 +144,13 @@ class RobertaForMultipleChoice(_RobertaFamily, BertForMultipleChoice):
 
 
 def _member(roberta_class: type, config_class: type[BertConfig], encoder: type[BertModel] | None = None) -> type:
-    """`roberta_class` for another family member: the same model, with that member's config (and encoder) class."""
+    """`roberta_class` for another family member: the same model, with that member's config (and encoder) class.
+    Task models of XLM-RoBERTa and CamemBERT register their head before the encoder, as transformers' do."""
     family = config_class.__name__.removesuffix("Config")
     attributes = {"config_class": config_class, "__doc__": f"`{roberta_class.__name__}` for {family} checkpoints."}
     if encoder is not None:
         attributes["backbone_class"] = encoder
+        attributes["encoder_after_heads"] = True
     return type(roberta_class.__name__.replace("Roberta", family), (roberta_class,), attributes)
 
 
