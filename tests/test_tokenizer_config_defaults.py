@@ -420,3 +420,17 @@ def test_embeddings_follow_the_sides_as_sentence_transformers_does(tmp_path):
     ours = Embedder(str(directory), batch_size=4).embed(texts).numpy()
     assert ours.shape == expected.shape
     assert float(abs(ours - expected).max()) <= 1e-5  # fp32: hfbert's kernels sum in another order
+
+
+@pytest.mark.parametrize("family", ["minilm", "xlm-roberta"])
+def test_a_tokenizer_in_a_subfolder_loads_as_transformers_loads_it(sources, family, tmp_path):
+    """`from_pretrained(path, subfolder=...)`, as transformers takes it (issue 49): the class's and AutoTokenizer's."""
+    shutil.copytree(sources[family], tmp_path / "repo" / "tokenizer")
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "repo", subfolder="tokenizer")
+    ours = hfbert.AutoTokenizer.from_pretrained(tmp_path / "repo", subfolder="tokenizer")
+    assert type(ours).__name__ == type(reference).__name__
+    assert_same_calls(ours, reference)
+    own_class = type(ours).from_pretrained(tmp_path / "repo", subfolder="tokenizer")
+    assert_same_calls(own_class, reference)
+    with pytest.raises(FileNotFoundError, match="no folder 'elsewhere'"):
+        hfbert.AutoTokenizer.from_pretrained(tmp_path / "repo", subfolder="elsewhere")

@@ -146,8 +146,10 @@ class BertTokenizer:
         split_special_tokens: bool | None = None,
         clean_up_tokenization_spaces: bool | None = None,
         model_max_length: int | None = None,
+        subfolder: str = "",
     ) -> BertTokenizer:
-        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`).
+        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`);
+        `subfolder`: the tokenizer's folder inside it, as in transformers.
 
         The keyword arguments, where given, replace tokenizer_config.json's fields of the same names (as in
         transformers): the defaults of every call (`padding_side="left"`, `model_input_names=["input_ids",
@@ -164,7 +166,7 @@ class BertTokenizer:
         overrides = check_call_options(
             {name: value for name, value in given.items() if value is not None}, "from_pretrained", kind="argument"
         )
-        directory = _local_directory(pretrained_model_name_or_path, revision)
+        directory = _local_directory(pretrained_model_name_or_path, revision, subfolder)
         own = read_tokenizer_options(directory / "tokenizer_config.json")
         legacy = "added_tokens_decoder" not in own  # a config from before transformers 4.34
         # transformers lets the legacy map override the config then.
@@ -662,17 +664,21 @@ class AutoTokenizer:
 
     @staticmethod
     def from_pretrained(
-        pretrained_model_name_or_path: str | os.PathLike, revision: str | None = None, **options: Any
+        pretrained_model_name_or_path: str | os.PathLike,
+        revision: str | None = None,
+        subfolder: str = "",
+        **options: Any,
     ) -> BertTokenizer:
-        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`).
-        `options`: the class's `from_pretrained` keyword arguments (`padding_side`, `truncation_side`, ...)."""
+        """Load from a local folder, or a Hub repo id (downloaded and sha256-verified by `converters.hub`);
+        `subfolder`: the tokenizer's folder inside it, as in transformers. `options`: the class's `from_pretrained`
+        keyword arguments (`padding_side`, `truncation_side`, ...)."""
         unknown = sorted(set(options) - set(CALL_OPTIONS))
         if unknown:
             accepted = ", ".join(CALL_OPTIONS)
             raise TypeError(f"AutoTokenizer.from_pretrained: unknown arguments {unknown}; it takes {accepted}")
         given = {name: value for name, value in options.items() if value is not None}
         check_call_options(given, "from_pretrained", kind="argument")  # before anything is downloaded
-        directory = _local_directory(pretrained_model_name_or_path, revision)
+        directory = _local_directory(pretrained_model_name_or_path, revision, subfolder)
         return _tokenizer_class(directory).from_pretrained(directory, **options)
 
 
@@ -684,17 +690,24 @@ def _tokenizer_class(directory: Path) -> type[BertTokenizer]:
     return _MODEL_TYPES.get(model_type, BertTokenizer) if isinstance(model_type, str) else BertTokenizer
 
 
-def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None) -> Path:
+def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None, subfolder: str = "") -> Path:
+    # converters.hub imports huggingface_hub only when a repo id is resolved
+    from converters.hub import checked_subfolder, looks_like_local_path, resolve_checkpoint
+
+    subfolder = checked_subfolder(subfolder)
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir() and revision is None:
-        return path
-    # converters.hub imports huggingface_hub only when a repo id is resolved
-    from converters.hub import looks_like_local_path, resolve_checkpoint
-
+        directory = path / subfolder if subfolder else path
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory}: no such tokenizer directory (no folder {subfolder!r} in {path})")
+        return directory
     if not path.is_dir() and looks_like_local_path(path_or_repo_id):
         raise FileNotFoundError(f"{os.fspath(path_or_repo_id)}: no such tokenizer directory")
-
-    return Path(resolve_checkpoint(path_or_repo_id, revision, include_tokenizer=True, include_weights=False))
+    return Path(
+        resolve_checkpoint(
+            path_or_repo_id, revision, include_tokenizer=True, include_weights=False, subfolder=subfolder
+        )
+    )
 
 
 def _build_from_vocab(vocab_file: Path, config: dict[str, Any]) -> Tokenizer:
