@@ -12,7 +12,8 @@ its family's classes (config.json's model_type) in both libraries:
 - "single": every text alone (batch of one, no padding);
 - "pairs": consecutive texts as two segments (token_type_ids 0 / 1; RoBERTa's and MPNet's `<s> A </s></s> B </s>`,
   one token type or none), batched and padded right (skipped when the model has a single token type and the
-  tokenizer gives token types);
+  tokenizer gives token types; where the tokenizer gives none, as XLM-R's, the pairs run as it gives them, segment
+  0 throughout, even on a model with two token types, noted as not exercising distinct segments, not "untested");
 - "right padding" and "left padding": the texts in batches of `batch_size`; with left padding both models get
   `position_ids = cumsum(attention_mask) - 1` (clamped at 0), so real tokens start at position 0 in both
   (RoBERTa's: from `pad_token_id + 1`, pads at `pad_token_id`, as its models count them; MPNet's from 2, pads at 1);

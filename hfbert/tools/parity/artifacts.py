@@ -14,7 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfbert.tools.parity.engines.base import ArtifactEngine, batch_error, reduced_weights_cause
+from hfbert.tools.parity.engines.base import (
+    ArtifactEngine,
+    batch_error,
+    quantized_weights_cause,
+    reduced_weights_cause,
+)
 from hfbert.tools.parity.sentences import CASE, SentenceStats, embed
 from hfbert.tools.parity.statistics import ACCURACY_RATIO, Accuracy, Row
 
@@ -40,6 +45,8 @@ class ArtifactCheck:
     # Cases whose batches could not hold what they test (cases.py, `Case.exercised`): case -> why. Not "pass" then.
     untested: dict[str, str] = field(default_factory=dict)
     position_offset: Any = None  # reference.PositionOffset, where shifted positions fit the failing artifact
+    # reference.PaddingBlindPositions, where positions counted over columns (pads too) fit its failing left padding
+    padding_positions: Any = None
     # The batch the engine could not run (static shapes, a smaller vocabulary), named with the engine's reason: the
     # artifact's verdict is "error", its later batches are not run, and the other artifacts are still judged.
     error: str | None = None
@@ -142,17 +149,18 @@ class ArtifactCheck:
         if self.accurate or not self.rows or self.error is not None:
             return []
         # Found by re-running float64 with shifted positions (reference.position_offset): it explains every case.
-        causes = [self.position_offset.describe()] if self.position_offset is not None else []
+        causes = [found.describe() for found in (self.position_offset, self.padding_positions) if found is not None]
         graph = self.engine.graph
         row = self.rows["last_hidden_state"]
         cases = {case: record.ratio for case, record in row.by_case.items()}
         failing = {case for case, record in row.by_case.items() if not record.passed}
         if PAIRS in cases and failing == {PAIRS}:
-            fact = (
-                "the graph takes no token_type_ids input, so every token is fed as segment 0"
-                if "token_type_ids" not in self.engine.inputs
-                else "the second segment's token types look ignored"
-            )
+            if not self.engine.token_types:  # the tokenizer or the model has none: the pairs are all segment 0
+                fact = "the pairs carry no token types here, so the separators between the segments look mishandled"
+            elif "token_type_ids" not in self.engine.inputs:
+                fact = "the graph takes no token_type_ids input, so every token is fed as segment 0"
+            else:
+                fact = "the second segment's token types look ignored"
             others = max(ratio for case, ratio in cases.items() if case != PAIRS)
             causes.append(
                 f"error only on sentence pairs ({cases[PAIRS]:.3g}x there, at most {others:.3g}x in the other cases): "
@@ -192,6 +200,9 @@ class ArtifactCheck:
         reduced = reduced_weights_cause(self.engine)  # fp16 or bf16 weights, whatever precision ran
         if reduced is not None:
             causes.append(reduced)
+        quantized = quantized_weights_cause(self.engine)  # int8 weights computed in float: no int8 operator says so
+        if quantized is not None and "int8" not in graph:
+            causes.append(quantized)
         if not causes:
             cosine = row.total.ours_error.min_cosine
             if cosine < 0.9 and len(failing) == len(cases):

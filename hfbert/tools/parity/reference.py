@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -160,3 +161,50 @@ def position_offset(
         if shifted * FITS_BETTER < plain:
             return PositionOffset(offset, shifted, plain, first_position)
     return None
+
+
+@dataclass
+class PaddingBlindPositions:
+    """Each column's position, pads counted, fits a left-padded batch through an artifact far better than the
+    positions counted over real tokens that its model gives."""
+
+    blind_rms: float  # the artifact's RMS error against float64 run with position_ids = first_position + column
+    plain_rms: float  # ... against float64 at the battery's positions (real tokens from first_position)
+    first_position: int
+
+    def describe(self) -> str:
+        return (
+            f"positions ignore padding: on a left-padded batch the float64 reference run with each column's "
+            f"position ({self.first_position}, {self.first_position + 1}, ..., pads counted) fits the artifact "
+            f"{self.plain_rms / self.blind_rms if self.blind_rms else math.inf:,.0f}x better (RMS error "
+            f"{self.blind_rms:.3g}, against "
+            f"{self.plain_rms:.3g} at positions over real tokens): its positions count columns, not real tokens, "
+            f"which only right padding hides (RoBERTa's create_position_ids_from_input_ids counts real tokens from "
+            f"padding_idx + 1)"
+        )
+
+
+def padding_blind_positions(
+    run: Callable[[dict[str, Tensor]], dict[str, Tensor]],
+    exact: TorchEngine,
+    batch: dict[str, Tensor],
+    max_positions: int,
+    first_position: int,
+) -> PaddingBlindPositions | None:
+    """Whether the last hidden state that `run` (an artifact that computes its own positions, as RoBERTa-family and
+    MPNet graphs do) gives for `batch` (left-padded, with the battery's position_ids) is what the float64 reference
+    computes with every column's position from `first_position`, FITS_BETTER times better than at the battery's
+    positions; None when not, or when those positions do not fit in the table."""
+    real = batch["attention_mask"].bool()
+    width = batch["input_ids"].shape[1]
+    if width + first_position > max_positions:
+        return None
+    ours = run(batch)["last_hidden_state"].double()[real]
+
+    def rms(positions: Tensor) -> float:
+        fed = {**batch, "position_ids": positions}
+        return float((ours - exact.run(fed)["last_hidden_state"].double().cpu()[real]).square().mean().sqrt())
+
+    plain = rms(batch["position_ids"])
+    blind = rms((torch.arange(width) + first_position).expand_as(batch["input_ids"]))
+    return PaddingBlindPositions(blind, plain, first_position) if blind * FITS_BETTER < plain else None

@@ -21,11 +21,11 @@ from hfbert.tools.extras import import_transformers
 from hfbert.tools.inspect import describe_files
 from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.artifacts import ArtifactCheck
-from hfbert.tools.parity.cases import Case, build_cases, default_texts
+from hfbert.tools.parity.cases import LEFT_PADDING, Case, build_cases, default_texts, has_padding
 from hfbert.tools.parity.compare import compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
 from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine, installed_version
-from hfbert.tools.parity.reference import no_tf32, position_offset
+from hfbert.tools.parity.reference import no_tf32, padding_blind_positions, position_offset
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
 from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline
@@ -172,8 +172,10 @@ def run_parity(
     cases = build_cases(
         tokenizer, battery_texts, options.batch_size, config.max_sequence_length, facts.token_types, first_position
     )
+    gives_types = "token_type_ids" in cases[0].batches[0]  # XLM-R's tokenizer gives none, whatever the model has
     for check in checks:
         check.untested = {case.name: case.note for case in cases if not case.exercised}
+        check.engine.token_types = check.engine.token_types and gives_types  # a graph without them is then whole
     pipeline = read_sentence_pipeline(paths.directory, config, tokenizer.model_max_length) if checks else None
     battery = _Battery(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
     battery.run(runners, options, config.max_position_embeddings, first_position)
@@ -352,13 +354,28 @@ class _Battery:
                     del kept
                     bar.update()
             bar.close()
-            probe = next((case.batches[0] for case in cases if case.name == SENTENCE_CASE), None)
             for check in checks:
-                row = check.rows.get("last_hidden_state")
-                if probe is not None and row is not None and not row.passed and check.error is None:
-                    check.position_offset = position_offset(
-                        check.engine.run, runners[2], probe, max_positions, first_position
-                    )
+                self.diagnose(check, runners[2], max_positions, first_position)
+
+    def diagnose(self, check: ArtifactCheck, exact: TorchEngine, max_positions: int, first_position: int) -> None:
+        """A failing artifact's last hidden state tried against float64 at other positions: shifted ones
+        (`position_offset`), and, where the graph computes its own positions and fails on left padding, each
+        column's (`padding_blind_positions`)."""
+        row = check.rows.get("last_hidden_state")
+        if row is None or row.passed or check.error is not None:
+            return
+        probe = next((case.batches[0] for case in self.cases if case.name == SENTENCE_CASE), None)
+        if probe is not None:
+            check.position_offset = position_offset(check.engine.run, exact, probe, max_positions, first_position)
+        left = row.by_case.get(LEFT_PADDING)
+        if left is None or left.passed or not first_position or "position_ids" in check.engine.inputs:
+            return
+        padded = (batch for case in self.cases if case.name == LEFT_PADDING for batch in case.batches)
+        batch = next((batch for batch in padded if has_padding(batch)), None)
+        if batch is not None:
+            check.padding_positions = padding_blind_positions(
+                check.engine.run, exact, batch, max_positions, first_position
+            )
 
 
 def _rows(layers: int, facts: _CheckpointFacts, options: ParityOptions) -> dict[str, Row]:

@@ -147,7 +147,9 @@ class ArtifactEngine:
     weights_remedy: str = ""  # how to store them in fp32 with this engine's tools, for the likely cause
     native: Any = None  # the engine's own loaded object (session, compiled model, encoder), for what it says later
     first_position: int = 0  # the model's first position (RoBERTa's pad_token_id + 1), for a graph taking positions
-    token_types: bool = True  # whether the model has token types (MPNet has none: a graph without the input is whole)
+    # Whether the run feeds token types: not where the model has none (MPNet) or its tokenizer gives none (RoBERTa's,
+    # XLM-R's): a graph without the input is then whole.
+    token_types: bool = True
 
     def prepare(self, batch: dict[str, Tensor]) -> Prepared:
         # Right-padded unless it takes position_ids; only the inputs it takes.
@@ -228,6 +230,25 @@ def reduced_weights_cause(engine: ArtifactEngine) -> str | None:
         f"{kind} weights{mixed}: each weight rounded to {bits} significant bits (relative error up to "
         f"{2.0**-bits:.1e}, float32's 6.0e-08) before the {engine.precision} arithmetic ran; "
         f"{engine.weights_remedy or 'store them in float32'}, or judge it with --artifact-bound"
+    )
+
+
+# Weights stored as integers: each a step of a scale per tensor, channel or block, dequantized to float before use.
+QUANTIZED = {"int8": 8, "uint8": 8, "int4": 4, "uint4": 4}
+
+
+def quantized_weights_cause(engine: ArtifactEngine) -> str | None:
+    """The likely cause of a failing artifact whose weights are stored as 8- or 4-bit integers, whatever
+    arithmetic ran on them (a weight-only quantized graph computes in float, with no int8 operator to show it)."""
+    kind = next((kind for kind in engine.weights.split(", ") if kind in QUANTIZED), None)
+    if kind is None:
+        return None
+    bits = QUANTIZED[kind]
+    return (
+        f"weights stored as {kind} (stored: {engine.weights}): each weight rounded to one of {2**bits} steps of a "
+        f"scale it shares with others, up to half a step off (about 1/{2**bits - 2} of the largest of them; "
+        f"float32's rounding is 6.0e-08 of the weight itself) before the {engine.precision} arithmetic ran; store "
+        f"them in float32, or judge it with --artifact-bound"
     )
 
 
