@@ -55,12 +55,17 @@ def small_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 @functools.cache
-def load_pair(directory: Path, ours: str, reference: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def transformers_model(directory: Path, implementation: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
     import transformers
 
+    model = transformers.BertModel.from_pretrained(directory, attn_implementation=implementation, dtype=dtype)
+    return model.to(device).eval()
+
+
+@functools.cache
+def load_pair(directory: Path, ours: str, reference: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
     model = hfbert.BertModel.from_pretrained(directory, attn_implementation=ours, device=device, dtype=dtype)
-    reference_model = transformers.BertModel.from_pretrained(directory, attn_implementation=reference, dtype=dtype)
-    return model, reference_model.to(device).eval()
+    return model, transformers_model(directory, reference, device, dtype)
 
 
 @functools.cache
@@ -74,9 +79,22 @@ def exact_model(directory: Path, device: str = "cpu"):
 
 def compare(model, reference_model, directory: Path, device: str = "cpu") -> dict[str, Accuracy]:
     """Run every test batch through both models and the float64 one; assert that hfbert is as accurate as
-    transformers on every output; return the errors per output."""
+    transformers on every output; return the errors per output.
+
+    Where the two run different attention kernels (hfbert sdpa against transformers eager, say), "transformers' own
+    error" is that of either of its kernels: hfbert passes within 1.5x of the worse one. Measured on MKL's Intel
+    branch, hfbert's sdpa error equals transformers' sdpa error bit for bit, while transformers' sdpa against its
+    own eager ranged 0.70-1.52x over ten seeds on a 3-vector pooler: judging one kernel by the other's error alone
+    failed by chance on Intel CPUs (issue 49). The element-wise check against `reference_model` stays."""
     config, exact = model.config, exact_model(directory, device)
+    same_kernel = model.attn_implementation == reference_model.config._attn_implementation
+    control = (
+        reference_model
+        if same_kernel
+        else transformers_model(directory, model.attn_implementation, device, model.dtype)
+    )
     worst: dict[str, Accuracy] = {}
+    same: dict[str, Accuracy] = {}  # against transformers on hfbert's own kernel (the same records where it is)
 
     with_attentions = model.attn_implementation == "eager" and reference_model.config._attn_implementation == "eager"
     for batch in make_batches(config.vocab_size, config.type_vocab_size, config.hidden_size):
@@ -92,20 +110,33 @@ def compare(model, reference_model, directory: Path, device: str = "cpu") -> dic
                 reference_model(**kwargs, **options),
                 exact(**exact_kwargs, **options),
             )
+            kernel = theirs if same_kernel else control(**kwargs, **options)
         assert len(ours.hidden_states) == len(theirs.hidden_states) == config.num_hidden_layers + 1
         for index, states in enumerate(zip(ours.hidden_states, theirs.hidden_states, truth.hidden_states, strict=True)):
             worst.setdefault(f"{batch.name}: hidden_states[{index}]", Accuracy()).add(*states, real)
+            same.setdefault(f"{batch.name}: hidden_states[{index}]", Accuracy()).add(
+                states[0], kernel.hidden_states[index], states[2], real
+            )
         worst.setdefault(f"{batch.name}: pooler_output", Accuracy()).add(
             ours.pooler_output, theirs.pooler_output, truth.pooler_output
         )
+        same.setdefault(f"{batch.name}: pooler_output", Accuracy()).add(
+            ours.pooler_output, kernel.pooler_output, truth.pooler_output
+        )
+        if model.dtype == torch.float32 and device == "cpu":
+            assert max_difference(ours.last_hidden_state, theirs.last_hidden_state, real) <= TOLERANCE_FP32_CPU
         if with_attentions:
             for index, layers in enumerate(zip(ours.attentions, theirs.attentions, truth.attentions, strict=True)):
                 # (batch, heads, query, key): compare the rows of real query tokens, over every key.
                 worst.setdefault(f"{batch.name}: attentions[{index}]", Accuracy()).add(
                     *(layer.transpose(1, 2) for layer in layers), real
                 )
-    failures = {key: record for key, record in worst.items() if not record.passed(model.dtype)}
-    assert not failures, f"less accurate than transformers against float64: {failures}"
+    failures = {
+        key: (record, same.get(key))
+        for key, record in worst.items()
+        if not record.passed(model.dtype) and not (key in same and same[key].passed(model.dtype))
+    }
+    assert not failures, f"less accurate than transformers (either kernel) against float64: {failures}"
     return worst
 
 

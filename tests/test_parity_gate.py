@@ -121,13 +121,19 @@ def test_the_command_line_fails_them_at_batch_size_1(checkpoint, artifacts, tmp_
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_texts_that_cannot_hold_padding_leave_the_verdict_untested(checkpoint, artifacts, tmp_path, capsys):
     """A text the tokenizer reduces to [CLS] [SEP] (a lone combining accent, stripped) can be neither padded beside
-    a shorter one nor cut: the cases say so, and neither hfbert nor the artifact passes."""
+    a shorter one nor cut: the cases say so, and neither hfbert nor the artifact passes.
+
+    The artifact is judged with a bound of 4, not 1.5: on sequences of 2-4 tokens ONNX Runtime's fp32 products
+    measure 1.3-1.9x the error of MKL's (transformers') against float64, on MKL's Intel branch and at the edge (1.44-
+    1.5x) on its AMD branch, against 0.8-1.1x on sentences of 9 tokens and more (issue 49). This test is about
+    "untested" against "fail", not about that bound, which the default battery's real sentences judge."""
     (tmp_path / "texts.txt").write_text("\u0301\n")
     report = tmp_path / "report.json"
     common = ["parity", str(checkpoint), "--texts", str(tmp_path / "texts.txt"), "--json", str(report)]
     pytest.importorskip("matplotlib")
     plot = tmp_path / "plot.svg"
-    assert main([*common, "--artifact", str(artifacts["exact"]), "--plot", str(plot)]) == 1
+    exact = ["--artifact", str(artifacts["exact"]), "--artifact-bound", "4"]
+    assert main([*common, *exact, "--plot", str(plot)]) == 1
     assert "UNTESTED" in plot.read_text() and "PASS" not in plot.read_text()
     out = capsys.readouterr()
     assert "UNTESTED" in out.out and "the texts cannot give one" in out.out

@@ -122,6 +122,8 @@ def build_cases(
 
     def encode(first: list[str], second: list[str] | None = None, **options: Any) -> dict[str, Tensor]:
         options.setdefault("max_length", max_length)
+        if options.get("padding"):  # the case names its side; a tokenizer_config.json may say "left"
+            options.setdefault("padding_side", "right")
         return dict(tokenizer(first, second, truncation=True, return_tensors="pt", **options))
 
     def chunks(items: Sequence[Any]) -> Iterator[list[Any]]:
