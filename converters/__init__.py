@@ -8,8 +8,8 @@
 - `loading`: the one pass that ties them together (`hfbert.BertModel.from_pretrained` calls it).
 """
 
-from converters.errors import CheckpointError
+from converters.errors import CheckpointError, CheckpointNotFoundError
 from converters.key_map import map_key
 from converters.load_report import LoadReport
 
-__all__ = ["CheckpointError", "LoadReport", "map_key"]
+__all__ = ["CheckpointError", "CheckpointNotFoundError", "LoadReport", "map_key"]
