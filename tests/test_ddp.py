@@ -143,9 +143,10 @@ def worker(rank: int, port: int, directory: Path) -> None:
         elif checkpointing:
             model.bert.gradient_checkpointing_enable()
         # Count calls of one layer: checkpointing recomputes it during backward (2 calls per step). A pre-hook,
-        # since the recomputation stops early, once it has what backward needs, and never reaches forward hooks.
+        # since the recomputation stops early, once it has what backward needs, and never reaches forward hooks;
+        # on a submodule, since the layer's own hooks run once per step, outside its checkpoint (as transformers').
         calls = []
-        model.bert.encoder.layer[0].register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
+        model.bert.encoder.layer[0].attention.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
         ddp = DistributedDataParallel(model, find_unused_parameters=False)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         loss = loss_of(ddp, batch)

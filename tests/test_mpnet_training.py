@@ -91,7 +91,8 @@ def collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 def calls_of_first_layer(model: torch.nn.Module) -> list[int]:
     calls: list[int] = []
-    model.base_model.encoder.layer[0].register_forward_pre_hook(lambda module, inputs: calls.append(1))
+    # On a submodule: the layer's own hooks run once per step, outside its checkpoint, as transformers' do.
+    model.base_model.encoder.layer[0].attention.register_forward_pre_hook(lambda module, inputs: calls.append(1))
     return calls
 
 

@@ -1,7 +1,8 @@
 """`BertConfig`: a typed mirror of a BERT `config.json`.
 
-Every field transformers' `BertConfig` reads for an encoder is declared here with its type and default.
-Keys this class does not know (`architectures`, `transformers_version`, `_name_or_path`, ...) are kept in
+Every field transformers' `BertConfig` reads for an encoder is declared here with its type and default, and so are
+the fields every transformers config has that its users set (`return_dict`, `dtype`, `chunk_size_feed_forward`,
+`architectures`). Keys this class does not know (`transformers_version`, `_name_or_path`, ...) are kept in
 `extra_fields` and written back unchanged, so a config survives a load/save round trip byte for byte in meaning.
 
     >>> config = BertConfig(hidden_size=96, num_attention_heads=3, intermediate_size=200)
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+import torch
 
 from converters.json_files import read_json
 from converters.key_map import LAYOUTS
@@ -71,6 +74,14 @@ class BertConfig:
     tie_word_embeddings: bool = True
     output_hidden_states: bool = False
     output_attentions: bool = False
+    # Fields of every transformers config (its `PretrainedConfig`), with its defaults. `return_dict`: what forward
+    # returns when the call does not say. `dtype`: the weights' dtype (a torch.dtype; its name in config.json).
+    # `chunk_size_feed_forward`: transformers runs the feed-forward over chunks of this many positions to save
+    # memory (the same function); hfbert keeps the value and runs it whole. `architectures`: the saved class.
+    return_dict: bool = True
+    dtype: torch.dtype | str | None = None
+    chunk_size_feed_forward: int = 0
+    architectures: list[str] | None = None
     # Task heads: labels of a classifier, and how BertForSequenceClassification picks its loss.
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
@@ -87,12 +98,19 @@ class BertConfig:
     _attn_implementation: str | None = field(default=None, repr=False, compare=False)
     # transformers' constructor spelling of it: BertConfig(attn_implementation="eager").
     attn_implementation: InitVar[str | None] = None
+    # transformers' older name of `dtype`, accepted as transformers 5 accepts it (`dtype` wins when both are given);
+    # never stored: `config.torch_dtype` reads `dtype` (the property set after the class).
+    torch_dtype: InitVar[torch.dtype | str | None] = None
     # transformers' composite-model hook: a BERT config holds no nested configs.
     sub_configs: ClassVar[dict[str, type]] = {}
 
-    def __post_init__(self, attn_implementation: str | None) -> None:
+    def __post_init__(self, attn_implementation: str | None, torch_dtype: torch.dtype | str | None) -> None:
         if attn_implementation is not None:
             self._attn_implementation = attn_implementation
+        if self.dtype is None:
+            self.dtype = torch_dtype
+        if self.dtype is not None:
+            self.dtype = self._torch_dtype(self.dtype)
         if self.id2label is not None and not isinstance(self.id2label, dict):
             raise self._fail("id2label", f"must be an object of label index -> name, got {self.id2label!r}")
         if self.id2label is None or (self.num_labels is not None and self.num_labels != len(self.id2label)):
@@ -133,6 +151,15 @@ class BertConfig:
         where = f"{self.source}: " if self.source else ""
         return ConfigError(f"{where}field '{field_name}' {message}")
 
+    def _torch_dtype(self, value: Any) -> torch.dtype:
+        """`value` (a torch.dtype or its name, "bfloat16") as a torch.dtype, as transformers reads `dtype`."""
+        if isinstance(value, torch.dtype):
+            return value
+        dtype = getattr(torch, value, None) if isinstance(value, str) else None
+        if not isinstance(dtype, torch.dtype):
+            raise self._fail("dtype", f"must be a torch dtype or its name (such as 'float32'), got {value!r}")
+        return dtype
+
     def validate(self) -> None:
         """Raise `ConfigError` naming the first field that cannot describe a BERT encoder."""
         for name in _POSITIVE_INTEGERS:
@@ -152,13 +179,8 @@ class BertConfig:
             value = getattr(self, name)
             if not _is_number(value) or not 0 < value < math.inf:
                 raise self._fail(name, f"must be a positive number, got {value!r}")
-        # A config read from a file describes a model to load: refused now, naming the file. One built in code may be
-        # edited before use, as transformers' is: the model's constructor checks it.
-        if self.source is not None and self.hidden_size % self.num_attention_heads != 0:
-            raise self._fail(
-                "hidden_size",
-                f"({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})",
-            )
+        # hidden_size need not split into the heads here: transformers saves and reads such a config back, and only
+        # its model refuses it. So does hfbert's (`check_heads`, naming the file the config came from).
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
             raise self._fail("hidden_act", f"is {self.hidden_act!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
         if self.position_embedding_type != "absolute":
@@ -172,6 +194,16 @@ class BertConfig:
         for name in ("is_decoder", "add_cross_attention"):
             if getattr(self, name) is not False:
                 raise self._fail(name, "must be false: hfbert is an encoder (no causal mask, no cross-attention)")
+        # Kept as written (1 / 0 / null in older files): transformers' BertModel returns a tuple only for False, its
+        # task models for any falsy value (`wants_tuple`, heads.py).
+        if self.return_dict not in (True, False, None) or isinstance(self.return_dict, float):
+            raise self._fail("return_dict", f"must be true or false, got {self.return_dict!r}")
+        if not _is_integer(self.chunk_size_feed_forward) or self.chunk_size_feed_forward < 0:
+            raise self._fail(
+                "chunk_size_feed_forward", f"must be a non-negative integer, got {self.chunk_size_feed_forward!r}"
+            )
+        if self.dtype is not None:
+            self._torch_dtype(self.dtype)
         if self.pad_token_id is not None and (
             not _is_integer(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size
         ):
@@ -257,7 +289,10 @@ class BertConfig:
             if name in typed and not isinstance(typed[name], bool) and typed[name] in (0, 1, None):
                 typed[name] = bool(typed[name])
         extra = {key: value for key, value in values.items() if key not in known}
-        # transformers 4.x wrote torch_dtype, 5.x writes dtype: both stay as extra fields, unchanged.
+        # transformers 4.x wrote torch_dtype, 5.x writes dtype. An older file's torch_dtype is read as dtype (as
+        # transformers 5 reads it) and kept as an extra field, written back in step with dtype (`to_dict`).
+        if typed.get("dtype") is None and extra.get("torch_dtype") is not None:
+            typed["dtype"] = extra["torch_dtype"]
         # A family member's file gets its class, as transformers' AutoConfig gives it (its defaults fill gaps).
         family_class = (
             CONFIG_CLASSES.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
@@ -333,9 +368,14 @@ class BertConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """The config.json contents (unknown keys included), as a dict."""
+        """The config.json contents (unknown keys included), as a dict; `dtype` by name, as transformers writes it."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_IN_JSON}
-        return {**self.extra_fields, **values}
+        if isinstance(values["dtype"], torch.dtype):
+            values["dtype"] = str(values["dtype"]).removeprefix("torch.")
+        extra = dict(self.extra_fields)
+        if extra.get("torch_dtype") is not None and values["dtype"] is not None:
+            extra["torch_dtype"] = values["dtype"]  # never a stale dtype for readers of the older name
+        return {**extra, **values}
 
     def to_diff_dict(self) -> dict[str, Any]:
         """The fields whose value differs from the default (and every unknown key), as transformers' configs."""
@@ -348,8 +388,14 @@ class BertConfig:
 
     def to_json_string(self, use_diff: bool = False) -> str:
         """config.json as text. `use_diff` is accepted for transformers' signature; hfbert always writes every
-        field (a config read back must not depend on the defaults of the version that reads it)."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        encoder field (a config read back must not depend on the defaults of the version that reads it). The fields
+        of every transformers config are left out at their defaults, as transformers leaves them out."""
+        values = {
+            key: value
+            for key, value in self.to_dict().items()
+            if key not in _GENERIC_DEFAULTS or value != _GENERIC_DEFAULTS[key]
+        }
+        return json.dumps(values, indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         """Write config.json atomically (temporary file, then rename)."""
@@ -358,6 +404,18 @@ class BertConfig:
         with atomic_file(path) as temporary:
             temporary.write_text(self.to_json_string(), encoding="utf-8")
 
+
+def _torch_dtype_alias(config: BertConfig) -> torch.dtype | str | None:
+    """transformers' older name of `dtype`."""
+    return config.dtype
+
+
+def _set_torch_dtype_alias(config: BertConfig, value: torch.dtype | str | None) -> None:
+    config.dtype = value
+
+
+# Set after the class is made: in its body, the property would be taken for the default of the `torch_dtype` InitVar.
+BertConfig.torch_dtype = property(_torch_dtype_alias, _set_torch_dtype_alias)
 
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 
@@ -449,6 +507,8 @@ _MAX_LABELS = 2**20
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 # Flags transformers' models read from the config by truthiness (`if config.output_attentions`), with no check.
 _TRUTHY_FLAGS = ("output_hidden_states", "output_attentions")
+# `PretrainedConfig` fields and their defaults, which transformers leaves out of config.json when they have them.
+_GENERIC_DEFAULTS = {"return_dict": True, "dtype": None, "chunk_size_feed_forward": 0, "architectures": None}
 _NOT_IN_JSON = ("extra_fields", "source", "num_labels", "_attn_implementation")
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 

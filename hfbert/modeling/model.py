@@ -147,8 +147,19 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertResidualOutput(config, input_size=config.intermediate_size)
 
-    def forward(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
-        """`hidden_states` is (batch, sequence, hidden) on a PaddedBatch, (tokens, hidden) on a PackedBatch."""
+    def forward(
+        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, checkpointing: Checkpointing | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """`hidden_states` is (batch, sequence, hidden) on a PaddedBatch, (tokens, hidden) on a PackedBatch.
+        With `checkpointing`, the layer's activations are recomputed in the backward pass."""
+        if checkpointing is not None:
+            # Inside forward, as transformers' GradientCheckpointingLayer does: hooks on the layer itself (FSDP2's,
+            # PEFT's) run once, outside the recomputation.
+            return checkpointing.run(self.compute, hidden_states, batch)
+        return self.compute(hidden_states, batch)
+
+    def compute(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
+        """The layer itself: attention, then the feed-forward block."""
         attention_output, probabilities = self.attention(hidden_states, batch)
         layer_output = self.output(self.intermediate(attention_output), attention_output)
         return layer_output, probabilities
@@ -181,10 +192,8 @@ class BertEncoder(nn.Module):
         for index, layer in enumerate(self.layer):
             if output_hidden_states:
                 all_hidden_states.append(hidden_states)
-            if self.checkpointed(index):
-                hidden_states, probabilities = self.checkpointing.run(layer, hidden_states, batch)
-            else:
-                hidden_states, probabilities = layer(hidden_states, batch)
+            checkpointing = self.checkpointing if self.checkpointed(index) else None
+            hidden_states, probabilities = layer(hidden_states, batch, checkpointing)
             if output_attentions:
                 all_attentions.append(probabilities)
         if output_hidden_states:
@@ -211,8 +220,9 @@ class BertModel(BertPreTrainedModel):
 
     `attn_implementation` is "sdpa" (default; fused kernel) or "eager". A call with `output_attentions=True`
     runs the eager kernel whatever the setting (sdpa never writes the probabilities out), as transformers does.
-    In eval mode, a batch with padding runs padding-free (see `padding.py`) unless `padding_free=False`;
-    outputs at pad positions are then zeros instead of the values a padded computation gives them.
+    In eval mode, a right-padded batch runs padding-free (see `padding.py`) unless `padding_free=False`;
+    outputs at pad positions are then zeros instead of the values a padded computation gives them, also in a graph
+    traced or exported from the model. Other masks (left padding, holes) run padded, as transformers computes them.
     """
 
     base_prefix = ""

@@ -31,11 +31,14 @@ BUCKET_FILL = 0.75
 def batch_layout(attention_mask: Tensor | None, implementation: str, padding_free: bool) -> PaddedBatch | PackedBatch:
     """The layout one forward runs on. Unmasked when there is no padding (as in transformers, the kernels then get
     no mask at all); padding-free (`PackedBatch`) where `runs_padding_free`; else padded. While tracing
-    (torch.compile / export / jit) the mask is not inspected: the padded path has no data-dependent shapes."""
+    (torch.compile / export / jit) the mask is not inspected: the padded path has no data-dependent shapes, and
+    zeroes in the graph the pad positions the eager model's padding-free run would leave zero, so that a traced
+    model gives the eager model's outputs on every mask."""
     if attention_mask is None:
         return PaddedBatch(None, implementation)
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return PaddedBatch(key_padding_mask(attention_mask), implementation)
+        zeroed = padding_free_zeros(attention_mask) if padding_free else None
+        return PaddedBatch(key_padding_mask(attention_mask), implementation, zeroed=zeroed)
     if bool((attention_mask != 0).all()):
         return PaddedBatch(None, implementation)
     if runs_padding_free(attention_mask, padding_free):
@@ -45,12 +48,29 @@ def batch_layout(attention_mask: Tensor | None, implementation: str, padding_fre
 
 def runs_padding_free(attention_mask: Tensor | None, padding_free: bool) -> bool:
     """Whether a forward with this mask runs padding-free: the caller allows it (`padding_free`: inference with no
-    attention maps asked), the batch has padding, and its first column is real (the pooler reads it: left-padded
-    batches stay padded)."""
+    attention maps asked), the batch has padding, and it is right padding, every row's real tokens one run from the
+    first column (the pooler reads that column; packing a row with holes would close them up, and MPNet's relative
+    positions count columns). Other masks (left padding, holes) run padded, as transformers computes them."""
     if attention_mask is None or not padding_free:
         return False
     real = attention_mask != 0
-    return bool(real[:, 0].all()) and not bool(real.all())
+    return not bool(real.all()) and bool(_right_padded(real))
+
+
+def _right_padded(real: Tensor) -> Tensor:
+    """A 0-dim bool tensor: every row of `real` (batch, sequence) is a run of True from column 0, then False."""
+    # Compared with each row's prefix of its length, not column with column: slices one column shorter would make
+    # torch.export specialise a sequence of 2 (its size-1 slices broadcast).
+    lengths = real.sum(dim=1, keepdim=True)
+    prefix = torch.arange(real.shape[1], device=real.device)[None, :] < lengths
+    return real[:, 0].all() & (real == prefix).all()
+
+
+def padding_free_zeros(attention_mask: Tensor) -> Tensor:
+    """(batch, sequence, 1) bool, True at the positions a padding-free run leaves zero: the pads of a right-padded
+    mask, none of another. Tensor operations only, so that a traced graph computes it for every mask."""
+    real = attention_mask != 0
+    return (~real & _right_padded(real))[:, :, None]
 
 
 def key_padding_mask(attention_mask: Tensor) -> Tensor:
@@ -76,6 +96,7 @@ class PaddedBatch:
     key_mask: Tensor | None
     implementation: str  # the attention kernel, "sdpa" or "eager"
     attention_bias: Tensor | None = None  # (1, heads, sequence, sequence), added to every row's scores
+    zeroed: Tensor | None = None  # (batch, sequence, 1) bool: positions `unpack` sets to zero (`padding_free_zeros`)
 
     def embedding_inputs(self, *inputs: Tensor | None) -> tuple[Tensor | None, ...]:
         return inputs
@@ -90,7 +111,9 @@ class PaddedBatch:
         )
 
     def unpack(self, hidden_states: Tensor) -> Tensor:
-        return hidden_states
+        if self.zeroed is None:
+            return hidden_states
+        return hidden_states.masked_fill(self.zeroed, 0.0)
 
 
 @dataclass
