@@ -59,6 +59,7 @@ SENTENCE_TRANSFORMERS_FILES = (
     "config_sentence_transformers.json",
     "README.md",
     "[0-9]*_Pooling/config.json",
+    "[0-9]*_SpladePooling/config.json",
     "[0-9]*_Normalize/config.json",
     "[0-9]*_Dense/config.json",
     "[0-9]*_Dense/model.safetensors",

@@ -4,7 +4,7 @@
 >>> model = hfbert.BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
 """
 
-from converters.errors import CheckpointError
+from converters.errors import CheckpointError, CheckpointNotFoundError
 from hfbert.inference import optimize_for_inference, restore_weights
 from hfbert.modeling.auto import (
     AutoModel,
@@ -96,7 +96,9 @@ __all__ = [
     "CamembertForTokenClassification",
     "CamembertModel",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
+    "CrossEncoder",
     "MPNetConfig",
     "MPNetForMaskedLM",
     "MPNetForMultipleChoice",
@@ -113,6 +115,7 @@ __all__ = [
     "RobertaForTokenClassification",
     "RobertaModel",
     "RobertaTokenizer",
+    "SparseEncoder",
     "XLMRobertaConfig",
     "XLMRobertaForMaskedLM",
     "XLMRobertaForMultipleChoice",
@@ -134,4 +137,13 @@ def __getattr__(name: str):
         from hfbert.modeling import tokenizer
 
         return getattr(tokenizer, name)
+    # The retrieval jobs (reranking, sparse vectors) are tools, loaded on first use like the tokenizer.
+    if name == "CrossEncoder":
+        from hfbert.tools.reranking import CrossEncoder
+
+        return CrossEncoder
+    if name == "SparseEncoder":
+        from hfbert.tools.sparse import SparseEncoder
+
+        return SparseEncoder
     raise AttributeError(f"module 'hfbert' has no attribute {name!r}")

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Paths in the docs that belong to another repository, and whose.
 FOREIGN_PATHS = {"tests/models/bert/test_modeling_bert.py": "transformers' BERT tests"}
 
-# Each room's floor, the ground floor 0. The package root `hfbert` (its public API exports optimize_for_inference)
-# stands on the inference floor; `python -m hfbert` on the command line's. The benchmarks may import the package,
+# Each room's floor, the ground floor 0. The package root `hfbert` (its public API exports optimize_for_inference,
+# and the retrieval tools CrossEncoder and SparseEncoder, imported when first used) stands on the tools floor;
+# `python -m hfbert` on the command line's. The benchmarks may import the package,
 # never the reverse.
 FLOORS = {
     "converters": 0,
@@ -33,7 +34,7 @@ FLOORS = {
     "hfbert.cli": 4,
     "benchmarks": 5,
 }
-ROOM_OF_MODULE = {"hfbert": "hfbert.inference", "hfbert.__main__": "hfbert.cli"}
+ROOM_OF_MODULE = {"hfbert": "hfbert.tools", "hfbert.__main__": "hfbert.cli"}
 PACKAGES = ("converters", "hfbert", "benchmarks")
 
 

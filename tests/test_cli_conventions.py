@@ -27,8 +27,8 @@ from hfbert.cli import build_parser, main
 from support.helpers import minilm_directory
 from support.robust import assert_one_line, run
 
-MODEL_COMMANDS = ("download", "convert", "inspect", "parity", "embed", "fill-mask")
-RUNNING_COMMANDS = ("parity", "embed", "fill-mask")
+MODEL_COMMANDS = ("download", "convert", "inspect", "parity", "embed", "fill-mask", "rerank")
+RUNNING_COMMANDS = ("parity", "embed", "fill-mask", "rerank")
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"  # published in the wheel
 
 

@@ -29,7 +29,6 @@ import os
 from collections.abc import Iterable, Sequence
 from contextlib import closing
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from torch import Tensor
 
 from converters.dtypes import DTYPES
 from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
+from hfbert.tools.head_checkpoint import resolve_folder
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, SentenceModules
 from hfbert.tools.sentence_transformers_pipeline import checkpoint_prompts, prompt_text, read_pipeline
 from hfbert.tools.texts import check_unicode, read_texts
@@ -71,7 +71,6 @@ class Embedder:
         token: str | bool | None = None,
         ignore_auto_map: bool = False,
     ) -> None:
-        from converters.hub import resolve_checkpoint
         from hfbert.inference import optimize_for_inference
         from hfbert.modeling.auto import AutoModel
         from hfbert.modeling.tokenizer import AutoTokenizer
@@ -83,16 +82,7 @@ class Embedder:
             raise ValueError(f"batch size must be at least 1, got {batch_size}")
         if prompt is not None and prompt_name is not None:
             raise ValueError("give a prompt or a prompt name, not both")
-        self.directory = directory = Path(
-            resolve_checkpoint(
-                model_path,
-                revision,
-                include_tokenizer=True,
-                include_sentence_transformers=True,
-                cache_dir=cache_dir,
-                token=token,
-            )
-        )
+        self.directory = directory = resolve_folder(model_path, revision, cache_dir, token)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.model = AutoModel.from_pretrained(  # the family's encoder: BertModel, XLMRobertaModel, ...
             directory,

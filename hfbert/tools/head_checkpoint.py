@@ -1,0 +1,202 @@
+"""A checkpoint folder whose task head a tool runs the way sentence-transformers runs it, for the two jobs beside
+`embed` (`hfbert.tools.reranking`: the classification head of a cross-encoder; `hfbert.tools.sparse`: the masked-LM
+head of a SPLADE model): the folder resolved, its tokenizer, the head model (refused, naming the folder and the
+missing tensors, when the checkpoint has no such head), its sentence-transformers files and the input length.
+
+Which files decide what, as sentence-transformers (6.x) reads them:
+
+- `modules.json` with `config_sentence_transformers.json`'s `model_type` equal to the job's class ("CrossEncoder",
+  "SparseEncoder"): the modules listed are the pipeline; `sentence_bert_config.json`'s `max_seq_length` and
+  `do_lower_case` apply, and so do the prompts of `config_sentence_transformers.json`;
+- otherwise (no modules.json, or one written for another class): the class's default modules on the checkpoint,
+  none of those files read;
+- the input length is `max_seq_length` when given, else the tokenizer's `model_max_length`, capped at the model's
+  longest input (`BertConfig.max_sequence_length`: 512 for RoBERTa's 514 positions; sentence-transformers caps at
+  `max_position_embeddings` itself, where an input of 513 or 514 tokens would index past the position table).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.dtypes import DTYPES
+from converters.errors import CheckpointError
+from converters.json_files import read_json, read_json_object
+from hfbert.tools.sentence_transformers_pipeline import PROMPTS_FILE, checkpoint_prompts, prompt_text
+
+MODULES_FILE = "modules.json"
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+# The packages sentence-transformers' module types live in, in every release that wrote them: 2.x-4.x
+# (`sentence_transformers.models`), 5.x (`sentence_transformers.sparse_encoder.models`, `cross_encoder.*`) and
+# 6.x (`sentence_transformers.base.modules`, `sentence_transformers.sparse_encoder.modules`, ...).
+MODULE_PACKAGES = (
+    "sentence_transformers.models",
+    "sentence_transformers.base.",
+    "sentence_transformers.sentence_transformer.",
+    "sentence_transformers.sparse_encoder.",
+    "sentence_transformers.cross_encoder.",
+)
+__all__ = ["FolderSettings", "load_head_model", "read_folder_settings", "resolve_folder"]
+
+
+@dataclass
+class Module:
+    """One modules.json entry: the class name of its type, the type as written, and its folder."""
+
+    name: str
+    type: str
+    folder: Path
+
+
+@dataclass
+class FolderSettings:
+    """What a folder's sentence-transformers files say for one job (see the module docstring). `modules` is None
+    where the job builds its default modules (no modules.json of its class)."""
+
+    modules: list[Module] | None = None
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    transformer: dict[str, Any] = field(default_factory=dict)  # sentence_bert_config.json
+    model_config: dict[str, Any] = field(default_factory=dict)  # config_sentence_transformers.json
+    prompts: dict[str, Any] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+
+def resolve_folder(
+    model_path: str | os.PathLike,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+) -> Path:
+    """The local folder of a model argument (a Hub repo id is downloaded with its tokenizer and sentence-transformers
+    files)."""
+    from converters.hub import resolve_checkpoint
+
+    return Path(
+        resolve_checkpoint(
+            model_path,
+            revision,
+            include_tokenizer=True,
+            include_sentence_transformers=True,
+            cache_dir=cache_dir,
+            token=token,
+        )
+    )
+
+
+def read_folder_settings(directory: Path, model_type: str) -> FolderSettings:
+    """The sentence-transformers files of `directory` as the class `model_type` ("CrossEncoder", "SparseEncoder")
+    reads them; ValueError naming the file and field for a malformed one."""
+    modules_file = directory / MODULES_FILE
+    model_config = read_json_object(directory / PROMPTS_FILE, missing_ok=True)
+    # As sentence-transformers: a folder without a model_type was written by SentenceTransformer.
+    if not modules_file.is_file() or model_config.get("model_type", "SentenceTransformer") != model_type:
+        return FolderSettings()
+    entries = read_json(modules_file)
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
+    modules = [_module(entry, modules_file, directory) for entry in entries]
+    transformer = read_json_object(directory / TRANSFORMER_CONFIG, missing_ok=True)
+    length = transformer.get("max_seq_length")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise ValueError(f"{directory / TRANSFORMER_CONFIG}: max_seq_length {length!r}; expected a positive integer")
+    prompts, default = checkpoint_prompts(directory)
+    if default is not None and default not in prompts:
+        raise ValueError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not in prompts")
+    return FolderSettings(
+        modules=modules,
+        max_seq_length=length,
+        do_lower_case=bool(transformer.get("do_lower_case")),  # by truthiness, as sentence-transformers' `if`
+        transformer=transformer,
+        model_config=model_config,
+        prompts=prompts,
+        default_prompt_name=default,
+    )
+
+
+def _module(entry: Any, modules_file: Path, directory: Path) -> Module:
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        raise ValueError(f"{modules_file}: each entry must be an object with a string 'type', got {entry!r}")
+    module_type = entry["type"]
+    package, _, name = module_type.rpartition(".")
+    folder = entry.get("path", "")
+    if not isinstance(folder, str) or Path(folder).is_absolute() or ".." in Path(folder).parts:
+        raise ValueError(
+            f"{modules_file}: module {module_type!r} has path {folder!r}; expected a folder inside the checkpoint"
+        )
+    # A type outside sentence-transformers is custom code, which hfbert never runs: no class name of it is trusted.
+    return Module(name if package.startswith(MODULE_PACKAGES) else module_type, module_type, directory / folder)
+
+
+def prompt_of(settings: FolderSettings, directory: Path, prompt: str | None, prompt_name: str | None) -> str:
+    """The text put before every input: `prompt`, else the folder's prompt `prompt_name`, else its default prompt
+    (sentence-transformers' `_resolve_prompt`); "" for none."""
+    if prompt is not None and prompt_name is not None:
+        raise ValueError("give a prompt or a prompt name, not both")
+    if prompt is not None:
+        return prompt
+    name = prompt_name if prompt_name is not None else settings.default_prompt_name
+    if name is None:
+        return ""
+    if name not in settings.prompts:
+        names = ", ".join(map(repr, settings.prompts)) or "none"
+        raise ValueError(f"prompt name {name!r} is not in the checkpoint's prompts ({names})")
+    return prompt_text(settings.prompts, name, directory) or ""
+
+
+def input_length(settings: FolderSettings, tokenizer: Any, limit: int, max_length: int | None) -> int:
+    """Tokens per input: `max_length` when given (in [1, limit]), else the folder's (see the module docstring)."""
+    if max_length is not None:
+        if not 1 <= max_length <= limit:
+            raise ValueError(f"max_length must be in [1, {limit}] (the model's longest input), got {max_length}")
+        return max_length
+    length = settings.max_seq_length if settings.max_seq_length is not None else tokenizer.model_max_length
+    return min(length, limit)
+
+
+def load_head_model(
+    directory: Path,
+    task: str,
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    ignore_auto_map: bool = False,
+) -> Any:
+    """The family's model for `task` ("sequence-classification", "masked-lm") from `directory`, in eval mode with
+    its linear layers packed for inference; ValueError naming the folder when the checkpoint has no tensor of the
+    task's head (transformers would initialise one at random: scores of noise)."""
+    from hfbert.inference import optimize_for_inference
+    from hfbert.modeling.auto import model_class
+    from hfbert.modeling.config import BertConfig
+
+    config = BertConfig.from_json_file(directory / "config.json")
+    cls = model_class(config, task)
+    options = dict(device=device, dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype)
+    options.update(output_loading_info=True, ignore_auto_map=ignore_auto_map)
+    try:
+        model, info = cls.from_pretrained(directory, **options)
+    except CheckpointError as error:
+        # A checkpoint of another task (a masked LM read as a classifier) also lacks parts the head's model needs
+        # beside the head (BERT's pooler); the missing head is what to say, when it is missing.
+        # (On the CPU, in the stored dtype: the weights stay memory-mapped, only what is missing is allocated.)
+        try:
+            _, info = cls.from_pretrained(
+                directory, strict=False, output_loading_info=True, ignore_auto_map=ignore_auto_map
+            )
+        except CheckpointError:
+            raise error from None
+        if not info["report"].new_head:
+            raise
+    if info["report"].new_head:
+        head = cls.heads[0]
+        what = cls.key_layout.heads.get(head, "task head")
+        raise ValueError(
+            f"{directory}: the checkpoint has no {what} (no {head}* tensors in its weights); {cls.__name__} needs one"
+        )
+    # fp32 packed weights give the plain model's numbers within hfbert's contract (a no-op off x86 CPUs).
+    return optimize_for_inference(model)

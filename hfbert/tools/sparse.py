@@ -1,0 +1,366 @@
+"""Sparse lexical vectors (SPLADE): `SparseEncoder(MODEL).encode(texts)` returns what sentence-transformers'
+`SparseEncoder.encode` returns on the same folder (a sparse COO tensor of (texts, vocabulary) by default), weights
+equal within fp32 rounding with the same nonzero set; `hfbert embed MODEL --sparse --out F.jsonl` writes each text's
+nonzero `{token: weight}` pairs, in input order.
+
+    >>> from hfbert import SparseEncoder
+    >>> encoder = SparseEncoder("naver/splade-v3")  # doctest: +SKIP
+    >>> encoder.encode(["The weather is lovely today."]).shape  # doctest: +SKIP
+    torch.Size([1, 30522])
+
+The folders it reads (`hfbert.tools.head_checkpoint`): modules.json with `MLMTransformer` (as
+`sentence_transformers.sparse_encoder.modules.*`, or the older `sentence_transformers.sparse_encoder.models.*`) or a
+`Transformer` of task `fill-mask`, then `SpladePooling` (its config.json: `pooling_strategy` max or sum,
+`activation_function` relu or log1p_relu); a folder without modules.json whose config.json names a `...ForMaskedLM`
+gets sentence-transformers' default, max pooling of relu. `max_active_dims` (config_sentence_transformers.json or the
+argument) keeps each vector's largest weights, and prompts apply as in `encode`. Other modules (SparseStaticEmbedding,
+SparseAutoEncoder, Router) are refused by name.
+
+What is computed, per text: w[v] = pool over its tokens t of log1p(relu(logit[t, v])) (log1p twice for
+log1p_relu), pool the max or the sum, logit the masked-LM head's output. sentence-transformers multiplies every
+position's logits by the attention mask first, so a pad position gives log1p(relu(0)) = 0, which changes neither the
+max (every weight is >= 0) nor the sum: pooling over the real tokens only is the same vector. So the encoder runs
+padding-free and the vocabulary projection runs on real tokens only, `VOCABULARY_CHUNK` logits at a time
+(`VOCABULARY_CHUNK // vocabulary` tokens: 549 for BERT's 30,522 pieces, 67 for XLM-R's 250,002), pooled into the
+(batch, vocabulary) result as each chunk is done: batch x length x vocabulary is never held at once. Sums are
+accumulated in float64, so the only rounding left is fp32's in each logit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from converters.json_files import read_json_object
+from hfbert.tools.head_checkpoint import (
+    FolderSettings,
+    input_length,
+    load_head_model,
+    prompt_of,
+    read_folder_settings,
+    resolve_folder,
+)
+from hfbert.tools.texts import check_unicode
+
+VOCABULARY_CHUNK = 1 << 24  # logits computed at once: 16 Mi floats, 64 MiB in fp32
+CHUNK_SIZE = 10_000  # texts read, sorted by length and encoded at once by `sparse_file`
+POOLING_STRATEGIES = ("max", "sum")
+ACTIVATION_FUNCTIONS = ("relu", "log1p_relu")
+_TRANSFORMERS = ("MLMTransformer", "Transformer")
+__all__ = ["CHUNK_SIZE", "VOCABULARY_CHUNK", "SparseEncoder", "sparse_file"]
+
+
+class SparseEncoder:
+    """A SPLADE checkpoint (a local folder or Hub repo id with a masked-LM head) giving sparse vectors over its
+    vocabulary as sentence-transformers' `SparseEncoder` does (see the module docstring). `max_length`: tokens per
+    text (default: the folder's); `max_active_dims`: keep each vector's largest weights (default: the folder's, else
+    all). `revision`, `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose
+    config.json points to custom code as plain BERT."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        max_length: int | None = None,
+        max_active_dims: int | None = None,
+        device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        ignore_auto_map: bool = False,
+    ) -> None:
+        from hfbert.modeling.tokenizer import AutoTokenizer
+
+        self.directory = directory = resolve_folder(model_path, revision, cache_dir, token)
+        self.settings = settings = read_folder_settings(directory, "SparseEncoder")
+        self.pooling_strategy, self.activation_function, self.source = splade_modules(directory, settings)
+        self.model = load_head_model(
+            directory, "masked-lm", device=device, dtype=dtype, ignore_auto_map=ignore_auto_map
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        if settings.do_lower_case:
+            self.tokenizer.lowercase_first()
+        self.max_length = input_length(settings, self.tokenizer, self.model.config.max_sequence_length, max_length)
+        if max_active_dims is None:
+            max_active_dims = settings.model_config.get("max_active_dims")
+        self.max_active_dims = _checked_max_active_dims(max_active_dims, directory)
+        self.dimension: int = self.model.config.vocab_size
+        self._tokens: list[str] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def describe(self) -> str:
+        """One line: where the modules came from, and what they compute."""
+        activation = "log1p(log1p(relu))" if self.activation_function == "log1p_relu" else "log1p(relu)"
+        active = f", max_active_dims {self.max_active_dims}" if self.max_active_dims else ""
+        return (
+            f"{self.source}: {type(self.model).__name__}(max_length={self.max_length}) -> "
+            f"SpladePooling({self.pooling_strategy} of {activation}){active}"
+        )
+
+    def encode(
+        self,
+        inputs: Sequence[str] | str,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        convert_to_tensor: bool = True,
+        convert_to_sparse_tensor: bool = True,
+        save_to_cpu: bool = False,
+        max_active_dims: int | None = None,
+    ) -> Tensor | list[Tensor]:
+        """Sparse vectors of `inputs` (texts, or one text), as sentence-transformers' `SparseEncoder.encode`: one
+        sparse COO float32 tensor of (texts, vocabulary) by default; dense with `convert_to_sparse_tensor=False`; a
+        list of one tensor per text with `convert_to_tensor=False`; one text gives one (vocabulary,) vector.
+        `save_to_cpu`: on the CPU whatever the model's device; `max_active_dims` None: the encoder's."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
+        single = isinstance(inputs, str)
+        texts = [inputs] if single else list(inputs)
+        active = self.max_active_dims if max_active_dims is None else _checked_max_active_dims(max_active_dims)
+        prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
+        rows: list[Tensor | None] = [None] * len(texts)
+        for indices, vectors in self._vectors(texts, prefix, batch_size, active, show_progress_bar):
+            if convert_to_sparse_tensor:
+                vectors = vectors.to_sparse()
+            if save_to_cpu:
+                vectors = vectors.cpu()
+            for index, row in zip(indices, vectors, strict=True):
+                rows[index] = row
+        if convert_to_tensor:
+            if rows:
+                result: Any = torch.stack(rows)  # type: ignore[arg-type]
+            else:
+                result = torch.tensor([], device="cpu" if save_to_cpu else self.device)
+                result = result.to_sparse() if convert_to_sparse_tensor else result
+        else:
+            result = rows
+        return result[0] if single else result
+
+    def encode_query(self, inputs: Sequence[str] | str, **options: Any) -> Tensor | list[Tensor]:
+        """`encode` with the folder's "query" prompt when it has one and none is given, as sentence-transformers'
+        `encode_query`."""
+        return self.encode(inputs, **self._prompt_named("query", options))
+
+    def encode_document(self, inputs: Sequence[str] | str, **options: Any) -> Tensor | list[Tensor]:
+        """`encode` with the folder's "document" prompt when it has one and none is given, as sentence-transformers'
+        `encode_document`."""
+        return self.encode(inputs, **self._prompt_named("document", options))
+
+    def _prompt_named(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        if options.get("prompt") is None and options.get("prompt_name") is None and name in self.settings.prompts:
+            return {**options, "prompt_name": name}
+        return options
+
+    def token_weights(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 32,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        progress: Any = None,
+    ) -> list[dict[str, float]]:
+        """Each text's nonzero weights by token, `{token: weight}` with the vocabulary's token strings (an id the
+        tokenizer has no token for is named "[id:N]"), largest first, in the order of `texts`. `progress`: anything
+        with `update(n)`."""
+        tokens = self.tokens()
+        result: list[dict[str, float] | None] = [None] * len(texts)
+        prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
+        for indices, vectors in self._vectors(list(texts), prefix, batch_size, self.max_active_dims, None):
+            for index, vector in zip(indices, vectors.cpu(), strict=True):
+                ids = vector.nonzero().flatten()
+                weights = vector[ids]
+                ranked = sorted(zip(ids.tolist(), weights.tolist(), strict=True), key=lambda item: (-item[1], item[0]))
+                result[index] = {tokens[i]: weight for i, weight in ranked}
+            if progress is not None:
+                progress.update(len(indices))
+        return result  # type: ignore[return-value]
+
+    def tokens(self) -> list[str]:
+        """The token string of every vocabulary id (the model's vocabulary: "[id:N]" where the tokenizer has none)."""
+        if self._tokens is None:
+            names = [f"[id:{i}]" for i in range(self.dimension)]
+            for token, index in self.tokenizer.get_vocab().items():
+                if 0 <= index < self.dimension:
+                    names[index] = token
+            self._tokens = names
+        return self._tokens
+
+    @torch.no_grad()
+    def _vectors(
+        self, texts: list[str], prefix: str, batch_size: int, max_active_dims: int | None, show_progress_bar: Any
+    ) -> Iterator[tuple[list[int], Tensor]]:
+        """(indices into `texts`, their (batch, vocabulary) float32 vectors) batch by batch, longest texts first."""
+        from hfbert.tools.progress import Progress
+
+        for index, text in enumerate(texts):  # named by its place in `texts`, not in a length-sorted batch
+            if not isinstance(text, str):
+                raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
+            check_unicode(text, f"text {index}")
+        order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
+        bar = Progress(len(texts), "sparse", "text", enabled=bool(show_progress_bar))
+        with closing(bar):
+            for start in range(0, len(order), batch_size):
+                indices = order[start : start + batch_size]
+                batch = self.tokenizer(
+                    [prefix + texts[index] for index in indices],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_attention_mask=True,
+                    return_tensors="pt",
+                ).to(self.device)
+                hidden = self.model.backbone(**batch, return_dict=True).last_hidden_state
+                vectors = self._pool(hidden, batch["attention_mask"])
+                if max_active_dims is not None:
+                    vectors = _largest(vectors, max_active_dims)
+                bar.update(len(indices))
+                yield indices, vectors
+
+    def _pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """(batch, vocabulary) SPLADE weights of the real tokens of `hidden` (see the module docstring)."""
+        real = attention_mask.bool()
+        owner = torch.arange(len(hidden), device=hidden.device).unsqueeze(1).expand_as(real)[real]
+        tokens = hidden[real]
+        accumulate = torch.float32 if self.pooling_strategy == "max" else torch.float64
+        pooled = torch.zeros(len(hidden), self.dimension, dtype=accumulate, device=hidden.device)
+        head = self.model.prediction_head
+        step = max(1, VOCABULARY_CHUNK // self.dimension)
+        for start in range(0, len(tokens), step):
+            weights = head(tokens[start : start + step]).float().relu_().log1p_()
+            if self.activation_function == "log1p_relu":
+                weights = weights.log1p_()
+            rows = owner[start : start + step]
+            if self.pooling_strategy == "max":  # every weight >= 0: the zeros pooled starts from change nothing
+                pooled.scatter_reduce_(0, rows.unsqueeze(1).expand_as(weights), weights, "amax")
+            else:
+                pooled.index_add_(0, rows, weights.to(accumulate))
+        return pooled.float()
+
+
+def _largest(vectors: Tensor, count: int) -> Tensor:
+    """Each row's `count` largest weights by magnitude, the rest zero (sentence-transformers'
+    `select_max_active_dims`)."""
+    _, top = torch.topk(vectors.abs(), k=min(count, vectors.shape[-1]), dim=-1)
+    return torch.zeros_like(vectors).scatter_(-1, top, vectors.gather(-1, top))
+
+
+def _checked_max_active_dims(value: Any, directory: Path | None = None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        where = f"{directory / 'config_sentence_transformers.json'}: " if directory is not None else ""
+        raise ValueError(f"{where}max_active_dims must be a positive integer, got {value!r}")
+    return value
+
+
+def splade_modules(directory: Path, settings: FolderSettings) -> tuple[str, str, str]:
+    """(pooling_strategy, activation_function, where they come from) of a SPLADE folder; ValueError naming the file
+    for any other sparse model (see the module docstring)."""
+    config_file = directory / "config.json"
+    if settings.modules is None:
+        modules_file = directory / "modules.json"
+        if modules_file.is_file():
+            kind = read_json_object(directory / "config_sentence_transformers.json", missing_ok=True).get(
+                "model_type", "SentenceTransformer"
+            )
+            raise ValueError(
+                f"{modules_file}: the modules of a {kind}, not of a SparseEncoder (config_sentence_transformers.json's "
+                f"model_type); hfbert's SparseEncoder runs SPLADE folders (a masked-LM head and SpladePooling)"
+            )
+        architectures = read_json_object(config_file).get("architectures") or []
+        if not any(isinstance(name, str) and name.endswith("ForMaskedLM") for name in architectures):
+            raise ValueError(
+                f"{config_file}: architectures {architectures!r} name no ...ForMaskedLM: a sparse encoder needs a "
+                f"masked-LM head (sentence-transformers would build a CSR model on this one, which hfbert does not run)"
+            )
+        return "max", "relu", "no SparseEncoder modules.json (masked LM: SpladePooling max, as SparseEncoder does)"
+    names = [module.name for module in settings.modules]
+    modules_file = directory / "modules.json"
+    if len(names) != 2 or names[0] not in _TRANSFORMERS or names[1] != "SpladePooling":
+        raise ValueError(
+            f"{modules_file}: modules {', '.join(module.type for module in settings.modules)}; hfbert's SparseEncoder "
+            f"runs SPLADE: MLMTransformer (or a fill-mask Transformer) then SpladePooling"
+        )
+    if settings.modules[0].folder != directory:
+        raise ValueError(f"{modules_file}: the {names[0]} module must be at the folder's root")
+    task = settings.transformer.get("transformer_task", "fill-mask" if names[0] == "MLMTransformer" else None)
+    if task != "fill-mask":
+        raise ValueError(
+            f"{directory / 'sentence_bert_config.json'}: transformer_task {task!r}; SPLADE pools the masked-LM "
+            f"logits (fill-mask)"
+        )
+    pooling_file = settings.modules[1].folder / "config.json"
+    if (
+        not pooling_file.is_file()
+    ):  # sentence-transformers would silently pool the max, whatever the model was trained with
+        raise ValueError(
+            f"{pooling_file}: missing; modules.json lists a SpladePooling module here, which needs its config"
+        )
+    pooling = read_json_object(pooling_file)
+    strategy = pooling.get("pooling_strategy", "max")
+    activation = pooling.get("activation_function", "relu")
+    if strategy not in POOLING_STRATEGIES:
+        raise ValueError(
+            f"{pooling_file}: pooling_strategy {strategy!r}; expected one of {', '.join(POOLING_STRATEGIES)}"
+        )
+    if activation not in ACTIVATION_FUNCTIONS:
+        raise ValueError(
+            f"{pooling_file}: activation_function {activation!r}; expected one of {', '.join(ACTIVATION_FUNCTIONS)}"
+        )
+    return strategy, activation, "sentence-transformers SparseEncoder (modules.json)"
+
+
+def sparse_file(
+    encoder: SparseEncoder,
+    texts: Iterable[str],
+    out: str | os.PathLike | None,
+    *,
+    batch_size: int = 32,
+    prompt: str | None = None,
+    prompt_name: str | None = None,
+    total: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    progress: bool = True,
+) -> int:
+    """Write each text's `{"index": i, "embedding": {token: weight}}` (`SparseEncoder.token_weights`) as one JSON
+    line into `out` (None: stdout), in input order, as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole
+    or not at all; under torchrun each rank writes its share and rank 0 merges). `texts` is read lazily and once, in
+    chunks of `chunk_size`. Returns how many lines the output holds."""
+    from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
+    from hfbert.tools.progress import Progress
+
+    if chunk_size < 1:
+        raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
+    if output_kind(out) != ".jsonl":
+        raise ValueError(f"{out}: sparse vectors are written as JSON lines ({{token: weight}} per text): use .jsonl")
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and out is None:
+        raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
+    target = part_file(out, rank, world) if world > 1 else out
+    share = len(range(rank, total, world)) if total is not None else None
+    bar = Progress(share, "sparse", "text", enabled=progress and rank == 0)
+    with closing(bar), output_writer(target, encoder.dimension, ".jsonl") as writer:
+        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+        while chunk := list(islice(mine, chunk_size)):
+            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
+                check_unicode(text, f"text {index}")
+            weights = encoder.token_weights([text for _, text in chunk], batch_size, prompt, prompt_name, bar)
+            for (index, _), vector in zip(chunk, weights, strict=True):
+                writer.handle.write(json.dumps({"index": index, "embedding": vector}) + "\n")
+                writer.row += 1
+    if world > 1:
+        return merge_under_torchrun(out, ".jsonl", rank, world, encoder.dimension) or writer.row
+    return writer.row
