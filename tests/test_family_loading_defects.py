@@ -28,7 +28,7 @@ from converters.errors import CheckpointError, CheckpointNotFoundError
 from hfbert.modeling.auto import MODEL_CLASSES
 
 from support.fake_hub import FakeHub
-from support.family import family_checkpoint
+from support.family import TINY, family_checkpoint
 from support.helpers import randomize_weights
 
 PREFIXES = {
@@ -39,15 +39,7 @@ PREFIXES = {
     "mpnet": "MPNet",
 }
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
-SIZES = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=40,
-    num_labels=3,
-)
+SIZES = {key: value for key, value in TINY.items() if key != "type_vocab_size"}  # BERT's two token types
 # Where each member's masked LM keeps its head: (the head module, its decoder's names, the word embeddings' name).
 MLM_HEADS = {
     "bert": ("cls.predictions", "bert.embeddings.word_embeddings.weight"),

@@ -11,18 +11,14 @@ import torch
 
 import hfbert
 
+from support import family
 from support.helpers import max_difference, randomize_weights
 
-TINY = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=40,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+TINY = {
+    **{key: value for key, value in family.TINY.items() if key not in ("type_vocab_size", "num_labels")},
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 MEMBERS = {  # hfbert's config and model class, transformers' prefix
     "bert": (hfbert.BertConfig, hfbert.BertModel, "Bert"),
     "roberta": (hfbert.RobertaConfig, hfbert.RobertaModel, "Roberta"),
