@@ -291,7 +291,7 @@ def cached_snapshot(
             snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True, token=token)
         )
     except Exception:
-        raise CheckpointError(
+        raise CheckpointNotFoundError(  # an OSError too, as transformers' own offline miss
             f"{repo_id}: not found in the Hugging Face cache ({cache_dir or constants.HF_HUB_CACHE}) and {reason}. "
             f"Download it once with network access, or pass a local directory."
         ) from None

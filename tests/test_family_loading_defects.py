@@ -342,6 +342,10 @@ def test_subfolder_of_a_local_checkpoint_loads_as_transformers(tmp_path):
         torch.testing.assert_close(logits(ours), logits(theirs), atol=1e-5, rtol=1e-5)
     with pytest.raises(CheckpointNotFoundError, match="nowhere"):
         hfbert.XLMRobertaForMaskedLM.from_pretrained(tmp_path, subfolder="nowhere")
+    reference_config = transformers_class("xlm-roberta", "Config").from_pretrained(tmp_path, subfolder="sub")
+    config = hfbert.XLMRobertaConfig.from_pretrained(tmp_path, subfolder="sub", num_labels=5)
+    assert config.hidden_size == reference_config.hidden_size and config.vocab_size == reference_config.vocab_size
+    assert config.num_labels == 5
     with pytest.raises(ValueError, match="subfolder"):
         hfbert.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "sub", subfolder="../sub")
 

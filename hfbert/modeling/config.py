@@ -41,7 +41,6 @@ LOADER_OPTIONS = frozenset(
         "proxies",
         "resume_download",
         "return_unused_kwargs",
-        "subfolder",
         "token",
         "trust_remote_code",
         "use_auth_token",
@@ -334,10 +333,16 @@ class BertConfig:
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, *, revision: str | None = None, **overrides: Any
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        subfolder: str = "",
+        **overrides: Any,
     ) -> BertConfig:
-        """The config.json of a checkpoint directory or Hub repo id (only that file is downloaded), with keyword
-        overrides applied, as transformers' `BertConfig.from_pretrained` (PEFT calls it on the base model).
+        """The config.json of a checkpoint directory or Hub repo id (only that file is downloaded; `subfolder`: the
+        folder inside it that holds it), with keyword overrides applied, as transformers' `BertConfig.from_pretrained`
+        (PEFT calls it on the base model).
 
         >>> config = BertConfig.from_pretrained("google-bert/bert-base-uncased", num_labels=3)  # doctest: +SKIP
         """
@@ -350,7 +355,9 @@ class BertConfig:
                 f"BertConfig.from_pretrained: {', '.join(loader_options)} not supported (hfbert resolves repo ids "
                 "through huggingface_hub's cache and environment; pass revision= for a commit)"
             )
-        directory = resolve_checkpoint(pretrained_model_name_or_path, revision, include_weights=False)
+        directory = resolve_checkpoint(
+            pretrained_model_name_or_path, revision, include_weights=False, subfolder=subfolder
+        )
         config = cls.from_json_file(directory / CONFIG_FILE)
         if not overrides:
             return config
