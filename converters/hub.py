@@ -65,6 +65,9 @@ SENTENCE_TRANSFORMERS_FILES = (
     "[0-9]*_Dense/model.safetensors",
     "[0-9]*_Dense/pytorch_model.bin",
 )
+# bge-m3's lexical and ColBERT layers beside the weights (hfbert.tools.bge_m3): as the Hub has them, or as
+# `hfbert convert` writes them. Downloaded with the sentence-transformers files, which embed asks for.
+HEAD_LAYER_FILES = ("sparse_linear.pt", "colbert_linear.pt", "sparse_linear.safetensors", "colbert_linear.safetensors")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -207,7 +210,7 @@ def download(
     if include_tokenizer:
         wanted += [name for name in TOKENIZER_FILES if name in inside]
     if include_sentence_transformers:
-        wanted += sentence_transformers_files(inside)
+        wanted += sentence_transformers_files(inside) + [name for name in HEAD_LAYER_FILES if name in inside]
     if not wanted:  # nothing to download, so no snapshot folder to hand out
         raise CheckpointNotFoundError(f"{repo_id}@{info.sha}: no {CONFIG_FILE} or tokenizer files {where}")
     snapshot = Snapshot(directory=Path(), commit=info.sha)

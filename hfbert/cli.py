@@ -180,6 +180,11 @@ def embed_command(arguments: argparse.Namespace) -> None:
         )
     if arguments.sparse and output_kind(arguments.out) != ".jsonl":
         raise ValueError(f"--out {arguments.out}: --sparse writes {{token: weight}} per text as JSON lines: use .jsonl")
+    if arguments.output not in (None, ("dense",)) and output_kind(arguments.out) != ".jsonl":
+        raise ValueError(
+            f"--out {arguments.out}: --output {','.join(arguments.output)} writes one JSON object per text: use .jsonl "
+            f"(.npy holds --output dense alone)"
+        )
     directory = resolve_model(arguments, arguments.model, include_tokenizer=True, include_sentence_transformers=True)
     refuse_overwriting_inputs({"--out": arguments.out}, {"--file": arguments.file}, {"MODEL": directory})
     refuse_output_over_stdin({"--out": arguments.out}, arguments.file)
@@ -206,12 +211,31 @@ def embed_command(arguments: argparse.Namespace) -> None:
         prompt_name=arguments.prompt_name,
         ignore_auto_map=arguments.ignore_auto_map,
     )
+    if arguments.output is not None and not (arguments.output == ("dense",) and output_kind(arguments.out) == ".npy"):
+        _m3_embed(arguments, embedder, texts, total)
+        return
     written = embed_file(embedder, texts, arguments.out, total=total, chunk_size=arguments.chunk_size)
     if os.environ.get("RANK", "0") == "0":
         noun = "embedding" if written == 1 else "embeddings"
         where = f"to {arguments.out}" if arguments.out else "to stdout"
         print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
         print(f"wrote {written} {noun} of size {embedder.dimension} {where}", file=sys.stderr)
+
+
+def _m3_embed(arguments: argparse.Namespace, embedder: Any, texts: Any, total: int | None) -> None:
+    """`embed --output dense,sparse,colbert`: bge-m3's outputs per text, as JSON lines (`hfbert.tools.bge_m3`)."""
+    from hfbert.tools.bge_m3 import m3_file
+
+    if {"sparse", "colbert"} & set(arguments.output):
+        embedder.m3_heads  # noqa: B018 - a missing or malformed .pt file fails before any text is read
+    written = m3_file(embedder, texts, arguments.out, arguments.output, total=total, chunk_size=arguments.chunk_size)
+    if os.environ.get("RANK", "0") == "0":
+        noun = "text" if written == 1 else "texts"
+        where = f"to {arguments.out}" if arguments.out else "to stdout"
+        print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
+        if {"sparse", "colbert"} & set(arguments.output):
+            print(f"heads     {embedder.m3_heads.describe()}", file=sys.stderr)
+        print(f"wrote {','.join(arguments.output)} of {written} {noun} {where}", file=sys.stderr)
 
 
 def _sparse_embed(arguments: argparse.Namespace, directory: Path, device: str, texts: Any, total: int | None) -> None:
@@ -331,6 +355,16 @@ def positive_integer(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def m3_outputs(text: str) -> tuple[str, ...]:
+    """`--output`: bge-m3's outputs, comma-separated (`hfbert.tools.bge_m3.parse_outputs`)."""
+    from hfbert.tools.bge_m3 import parse_outputs
+
+    try:
+        return parse_outputs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def compute_device(text: str) -> str:
@@ -562,6 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cat texts.txt | hfbert embed ./my-model --file - --out embeddings.jsonl",
         "hfbert embed ./my-model --file texts.txt --pooling cls --no-normalize --out cls.npy",
         "hfbert embed naver/splade-v3 --file texts.txt --sparse --out weights.jsonl",
+        "hfbert embed BAAI/bge-m3 --file texts.txt --output dense,sparse,colbert --out m3.jsonl",
     )
     embed.add_argument("model", help="local directory or Hub repo id")
     embed.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed (or use --file)")
@@ -611,6 +646,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sparse vectors of a SPLADE checkpoint (sentence-transformers' SparseEncoder): each text's nonzero "
         "{token: weight} as JSON lines, --out F.jsonl or stdout",
+    )
+    embed.add_argument(
+        "--output",
+        metavar="LIST",
+        type=m3_outputs,
+        help="bge-m3's outputs, comma-separated: dense (the sentence-transformers pipeline's), sparse "
+        "({token id: weight} from sparse_linear.pt), colbert (a vector per token from colbert_linear.pt), as "
+        "FlagEmbedding's BGEM3FlagModel; one JSON object per text with these keys, --out F.jsonl or stdout "
+        "(.npy: dense alone)",
     )
     _device_options(embed, None, "dtype of the encoder (default: as stored); embeddings are float32")
     embed.add_argument(
@@ -698,6 +742,8 @@ def _check_usage(parser: argparse.ArgumentParser, arguments: argparse.Namespace)
                     embed.error(f"{option} does not apply to --sparse (SPLADE pools the masked-LM logits)")
             if arguments.quantize is not None:
                 embed.error("--quantize does not apply to --sparse")
+            if arguments.output is not None:
+                embed.error("give --sparse (a SPLADE checkpoint) or --output (bge-m3's outputs), not both")
     if arguments.command == "rerank":
         rerank = arguments.parser
         if arguments.documents and arguments.file:

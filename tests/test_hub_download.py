@@ -260,3 +260,20 @@ def test_revision_cache_dir_and_token_reach_the_download_on_every_command(comman
         str(tmp_path / "cache"),
         "hf_secret",
     )
+
+
+def test_a_repo_ids_bge_m3_layers_come_with_the_sentence_transformers_files(tmp_path):
+    """bge-m3's `sparse_linear.pt` and `colbert_linear.pt` lie beside its weights: `embed --output sparse` on a repo
+    id reads them, so they are downloaded with the sentence-transformers files (and nothing else is)."""
+    import json
+
+    source = minilm_directory()
+    files = {name: (source / name).read_bytes() for name in SENTENCE_FILES}
+    layers = {"sparse_linear.pt": b"a pickled Linear" * 10, "colbert_linear.pt": b"another pickled Linear" * 10}
+    with FakeHub() as hub:
+        hub.add_revision(SENTENCE_REPO, SHA_MAIN, {**files, **layers, "onnx/model.onnx": b"never fetched" * 10})
+        listed = hfbert_cli("download", SENTENCE_REPO, "--json", hub=hub, cache=tmp_path)
+        downloaded = sorted(hub.downloads())
+    assert listed.returncode == 0, listed.stderr
+    assert downloaded == sorted([*SENTENCE_FILES, *layers])
+    assert sorted(file["name"] for file in json.loads(listed.stdout)["files"]) == sorted([*SENTENCE_FILES, *layers])

@@ -9,7 +9,9 @@ keeps them, with the backbone under `bert.`, as `BertFor...` models store it. Ro
 `classifier.dense / out_proj`, the tied `lm_head.decoder` not stored; MPNet the same under `mpnet.`, with its
 `encoder.relative_attention_bias` and `attention.attn.q / k / v / o`. Tokenizer files are copied, and for
 a backbone the sentence-transformers files too (modules.json, 1_Pooling/, ...: `SentenceTransformer(destination)`
-keeps the source's pooling and Normalize).
+keeps the source's pooling and Normalize). A bge-m3 folder's `sparse_linear.pt` and `colbert_linear.pt` (pickles,
+read through `torch.load(weights_only=True)` and checked: `hfbert.tools.bge_m3`) are written as
+`sparse_linear.safetensors` and `colbert_linear.safetensors`, which hfbert reads in their place.
 
 Everything is written into a temporary directory beside the destination and renamed into place at the end, so
 an interrupted or failed conversion leaves no destination and no partial files (a run killed by SIGKILL leaves
@@ -47,6 +49,7 @@ from converters.loading import (
 )
 from converters.writing import atomic_directory, copy_model_files, parse_size, write_safetensors
 from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.tools.bge_m3 import present_heads
 
 
 def canonical_tensors(
@@ -163,6 +166,8 @@ def convert(
 
         >>> convert("google-bert/bert-base-uncased", "bert-base-canonical", dtype=torch.bfloat16)  # doctest: +SKIP
     """
+    from safetensors.torch import save_file
+
     destination = Path(destination)
     if destination.exists():
         raise CheckpointError(f"{destination}: already exists; choose a new destination or remove it first")
@@ -170,6 +175,13 @@ def convert(
     check_requested_dtype(dtype)
     directory = resolve_checkpoint(source, include_tokenizer=True, include_sentence_transformers=True)
     tensors, config_values = canonical_tensors(directory, dtype, ignore_auto_map=ignore_auto_map)
+    hidden_size = BertConfig.from_json_file(directory / CONFIG_FILE).hidden_size
+    m3_heads = {  # bge-m3's layers beside the encoder, read and checked before anything is written
+        stem: {
+            name: cast(f"{stem}.{name}", t, dtype, directory) if dtype is not None else t for name, t in layer.items()
+        }
+        for stem, layer in present_heads(directory, hidden_size).items()
+    }
     prefix = LAYOUTS[config_values.get("model_type", "bert")].prefix
     backbone = not any(name.startswith(prefix) for name in tensors)  # no task heads: a BertModel, RobertaModel
     with atomic_directory(destination) as temporary:
@@ -177,4 +189,11 @@ def convert(
         (temporary / CONFIG_FILE).write_text(json.dumps(config_values, indent=2) + "\n", encoding="utf-8")
         written.append(CONFIG_FILE)
         written += copy_model_files(directory, temporary, sentence_transformers=backbone)
+        for stem, layer in m3_heads.items():
+            save_file(
+                {name: t.contiguous() for name, t in layer.items()},
+                temporary / f"{stem}.safetensors",
+                metadata={"format": "pt"},
+            )
+            written.append(f"{stem}.safetensors")
     return written

@@ -13,6 +13,8 @@ element: the checkpoint's pipeline as `hfbert.tools.sentence_transformers_pipeli
 checkpoint without sentence-transformers files). `pooling`, `normalize`, `max_length`, `prompt` / `prompt_name`
 override the checkpoint's choices; `Embedder.pipeline.describe()` says what runs (`hfbert embed` prints it).
 tests/test_embed_pipeline.py compares with sentence-transformers' `encode`.
+`Embedder.embed_m3` gives BAAI/bge-m3's dense, lexical and ColBERT outputs from the same pass, as FlagEmbedding's
+`BGEM3FlagModel.encode` (`hfbert.tools.bge_m3`).
 
 How a large input runs (`embed_file`): the texts (`hfbert.tools.texts.read_texts` reads a file or standard input)
 are consumed once, front to back, in chunks of `CHUNK_SIZE`, never whole: a pipe works as well as a file. Each
@@ -26,7 +28,7 @@ same file a single process writes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import closing
 from itertools import islice
 from typing import Any
@@ -35,6 +37,8 @@ import torch
 from torch import Tensor
 
 from converters.dtypes import DTYPES
+from hfbert.tools.bge_m3 import OUTPUTS as M3_OUTPUTS
+from hfbert.tools.bge_m3 import RESULT_KEYS, M3Heads, load_m3_heads, parse_outputs
 from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
 from hfbert.tools.head_checkpoint import resolve_folder
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, SentenceModules
@@ -105,6 +109,7 @@ class Embedder:
         self.prompt_length = self.pipeline.modules.pooling.prompt_length = self._prompt_length()
         self.dimension = self.pipeline.modules.dimension
         self.pipeline.modules.to(self.model.device)
+        self._m3_heads: M3Heads | None = None
 
     def _override(self, modes, normalize, max_length, limit, prompt, prompt_name, directory) -> None:
         pipeline = self.pipeline
@@ -160,13 +165,67 @@ class Embedder:
     def embed(self, texts: Sequence[str], progress: Any = None) -> Tensor:
         """Embeddings of `texts`, in their order; longest texts are batched together first, as sentence-transformers
         does. `progress`: anything with `update(n)` (a tqdm bar) to advance by each batch's size."""
+        result = torch.empty(len(texts), self.dimension, dtype=torch.float32)
+        for indices, batch, hidden in self._encoded(texts, progress):
+            result[indices] = self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
+        return result
+
+    @torch.no_grad()
+    def embed_m3(
+        self, texts: Sequence[str], outputs: str | Sequence[str] = M3_OUTPUTS, progress: Any = None
+    ) -> dict[str, Any]:
+        """BAAI/bge-m3's outputs of `texts` from one encoder pass, as FlagEmbedding's `BGEM3FlagModel.encode(texts,
+        return_dense=..., return_sparse=..., return_colbert_vecs=...)` returns them (`hfbert.tools.bge_m3`), under
+        its keys: "dense_vecs" a (texts, dimension) float32 tensor (`embed`'s: the folder's sentence-transformers
+        pipeline), "lexical_weights" a `{str(token id): weight}` per text, "colbert_vecs" a (tokens - 1, dimension)
+        float32 tensor per text; an output not asked for is None. `outputs`: "dense", "sparse", "colbert", as a
+        list or comma-separated. Texts are truncated at `max_length`, the folder's (8,192 for bge-m3), where
+        FlagEmbedding truncates at 512 by default: give `Embedder(..., max_length=512)` for its numbers on longer
+        texts. The sparse and ColBERT layers are read on first use (`m3_heads`)."""
+        names = parse_outputs(outputs)
+        heads = self.m3_heads if {"sparse", "colbert"} & set(names) else None
+        result: dict[str, Any] = dict.fromkeys(RESULT_KEYS.values())
+        dense = torch.empty(len(texts), self.dimension, dtype=torch.float32) if "dense" in names else None
+        sparse: list[Any] = [None] * len(texts)
+        colbert: list[Any] = [None] * len(texts)
+        for indices, batch, hidden in self._encoded(texts, progress):
+            mask = batch["attention_mask"]
+            if dense is not None:
+                dense[indices] = self.pipeline.modules(hidden, mask).cpu()
+            if "sparse" in names:
+                for index, weights in zip(
+                    indices, heads.lexical_weights(hidden, mask, batch["input_ids"]), strict=True
+                ):
+                    sparse[index] = weights
+            if "colbert" in names:
+                for index, vectors in zip(indices, heads.colbert_vectors(hidden, mask), strict=True):
+                    colbert[index] = vectors
+        result[RESULT_KEYS["dense"]] = dense
+        if "sparse" in names:
+            result[RESULT_KEYS["sparse"]] = sparse
+        if "colbert" in names:
+            result[RESULT_KEYS["colbert"]] = colbert
+        return result
+
+    @property
+    def m3_heads(self) -> M3Heads:
+        """bge-m3's sparse and ColBERT layers of the folder (`hfbert.tools.bge_m3.load_m3_heads`), read once, on first
+        use; CheckpointError naming the file when one is missing or holds anything but a Linear's weight and bias."""
+        if self._m3_heads is None:
+            self._m3_heads = load_m3_heads(
+                self.directory, self.model.config.hidden_size, self.tokenizer, self.model.device
+            )
+        return self._m3_heads
+
+    def _encoded(self, texts: Sequence[str], progress: Any) -> Iterator[tuple[list[int], Any, Tensor]]:
+        """(indices into `texts`, their tokenized batch, the encoder's last hidden states), batch by batch, longest
+        texts first."""
         for index, text in enumerate(texts):  # named by its place in `texts`, not in a length-sorted batch
             if not isinstance(text, str):
                 raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
             check_unicode(text, f"text {index}")
         order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
         prompt = self.pipeline.prompt or ""
-        result = torch.empty(len(texts), self.dimension, dtype=torch.float32)
         for start in range(0, len(order), self.batch_size):
             indices = order[start : start + self.batch_size]
             batch = self.tokenizer(
@@ -177,11 +236,9 @@ class Embedder:
                 return_attention_mask=True,  # pooling needs it, even where model_input_names leaves it out
                 return_tensors="pt",
             ).to(self.model.device)
-            hidden = self.model(**batch, return_dict=True).last_hidden_state
-            result[indices] = self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
+            yield indices, batch, self.model(**batch, return_dict=True).last_hidden_state
             if progress is not None:
                 progress.update(len(indices))
-        return result
 
 
 def embed_file(
