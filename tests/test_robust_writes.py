@@ -314,6 +314,7 @@ def test_torchrun_part_files_never_overwrite_or_delete_a_users_file(tmp_path, mo
     """Under torchrun each rank writes a part file that rank 0 deletes after the merge: named `OUT.rank0`, a user's
     file of that name was overwritten by the part, then deleted by the merge."""
     import hfbert.tools.embedding as embedding
+    import hfbert.tools.embedding_output as embedding_output
 
     out = tmp_path / "texts.jsonl"
     theirs = tmp_path / "texts.jsonl.rank0"
@@ -321,7 +322,7 @@ def test_torchrun_part_files_never_overwrite_or_delete_a_users_file(tmp_path, mo
     before = theirs.read_bytes()
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(embedding, "merge_under_torchrun", lambda *arguments: 1)  # no process group here
+    monkeypatch.setattr(embedding_output, "merge_under_torchrun", lambda *arguments: 1)  # no process group here
     embedder = embedding.Embedder(minilm_directory())
     assert embedding.embed_file(embedder, ["one text", "another"], out, progress=False) == 1
     assert theirs.read_bytes() == before

@@ -34,12 +34,9 @@ truncates at 512 unless given `max_length`: texts longer than 512 tokens get dif
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
-from contextlib import closing
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +47,6 @@ from converters.checkpoint_files import CheckpointTensors, read_weight_file
 from converters.dtypes import PARAMETER_DTYPES
 from converters.errors import CheckpointError
 from converters.loading import non_finite
-from hfbert.tools.texts import check_unicode
 
 OUTPUTS = ("dense", "sparse", "colbert")
 # FlagEmbedding's names for the three outputs, the keys of `Embedder.embed_m3`'s result.
@@ -209,33 +205,29 @@ def m3_file(
     (None: stdout), in input order, as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole or not at all;
     under torchrun each rank writes its share and rank 0 merges). `texts` is read lazily and once, in chunks of
     `chunk_size`. Returns how many lines the output holds."""
-    from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
-    from hfbert.tools.progress import Progress
+    from hfbert.tools.embedding_output import output_kind, write_in_input_order, write_json_line
 
     names = parse_outputs(outputs)
-    if chunk_size < 1:
-        raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
     if output_kind(out) != ".jsonl":
         raise ValueError(f"{out}: bge-m3's outputs are written as JSON lines (one object per text): use .jsonl")
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and out is None:
-        raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
-    target = part_file(out, rank, world) if world > 1 else out
-    share = len(range(rank, total, world)) if total is not None else None
-    bar = Progress(share, "embed", "text", enabled=progress and rank == 0)
-    with closing(bar), output_writer(target, embedder.dimension, ".jsonl") as writer:
-        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
-        while chunk := list(islice(mine, chunk_size)):
-            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
-                check_unicode(text, f"text {index}")
-            result = embedder.embed_m3([text for _, text in chunk], names, progress=bar)
-            for row, (index, _) in enumerate(chunk):
-                line: dict[str, Any] = {"index": index}
-                for name in names:
-                    value = result[RESULT_KEYS[name]][row]
-                    line[name] = value if name == "sparse" else value.tolist()
-                writer.handle.write(json.dumps(line) + "\n")
-                writer.row += 1
-    if world > 1:
-        return merge_under_torchrun(out, ".jsonl", rank, world, embedder.dimension) or writer.row
-    return writer.row
+
+    def write(writer: Any, indices: list[int], chunk: list[str], bar: Any) -> None:
+        result = embedder.embed_m3(chunk, names, progress=bar)
+        for row, index in enumerate(indices):
+            line: dict[str, Any] = {"index": index}
+            for name in names:
+                value = result[RESULT_KEYS[name]][row]
+                line[name] = value if name == "sparse" else value.tolist()
+            write_json_line(writer, line)
+
+    return write_in_input_order(
+        texts,
+        out,
+        ".jsonl",
+        embedder.dimension,
+        write,
+        task="embed",
+        chunk_size=chunk_size,
+        total=total,
+        progress=progress,
+    )

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import closing
-from itertools import islice
 from typing import Any
 
 import torch
@@ -39,7 +37,7 @@ from torch import Tensor
 from converters.dtypes import DTYPES
 from hfbert.tools.bge_m3 import OUTPUTS as M3_OUTPUTS
 from hfbert.tools.bge_m3 import RESULT_KEYS, M3Heads, load_m3_heads, parse_outputs
-from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
+from hfbert.tools.embedding_output import output_kind, write_in_input_order
 from hfbert.tools.head_checkpoint import resolve_folder
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, SentenceModules
 from hfbert.tools.sentence_transformers_pipeline import checkpoint_prompts, prompt_text, read_pipeline
@@ -254,24 +252,19 @@ def embed_file(
     share, then rank 0 merges. `total`: how many texts there are, when known (for the progress display and the
     .npy space reservation; never trusted for the output). Returns how many embeddings the output holds (under
     torchrun: the merged file on rank 0, this process's part elsewhere)."""
-    from hfbert.tools.progress import Progress
 
-    if chunk_size < 1:
-        raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    kind = output_kind(out)
-    if world > 1 and out is None:
-        raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
-    target = part_file(out, rank, world) if world > 1 else out
-    share = len(range(rank, total, world)) if total is not None else None
-    bar = Progress(share, "embed", "text", enabled=progress and rank == 0)
-    with closing(bar), output_writer(target, embedder.dimension, kind, reserve_rows=share) as writer:
-        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
-        while chunk := list(islice(mine, chunk_size)):
-            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
-                check_unicode(text, f"text {index}")
-            embeddings = embedder.embed([text for _, text in chunk], progress=bar)
-            writer.write([index for index, _ in chunk], embeddings)
-    if world > 1:
-        return merge_under_torchrun(out, kind, rank, world, embedder.dimension) or writer.row
-    return writer.row
+    def write(writer: Any, indices: list[int], chunk: list[str], bar: Any) -> None:
+        writer.write(indices, embedder.embed(chunk, progress=bar))
+
+    return write_in_input_order(
+        texts,
+        out,
+        output_kind(out),
+        embedder.dimension,
+        write,
+        task="embed",
+        chunk_size=chunk_size,
+        total=total,
+        progress=progress,
+        reserve=True,
+    )

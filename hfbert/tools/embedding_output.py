@@ -19,8 +19,9 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, closing, contextmanager, nullcontext
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,53 @@ def output_writer(
             if target is not None and isinstance(error, OSError) and error.errno in FULL_DISK:
                 raise disk_full(target, error, writer.row if writer else 0) from None
             raise
+
+
+def write_in_input_order(
+    texts: Iterable[str],
+    out: str | os.PathLike | None,
+    kind: str,
+    dimension: int,
+    write_chunk: Callable[[NpyWriter | JsonlWriter, list[int], list[str], Any], None],
+    *,
+    task: str,
+    chunk_size: int,
+    total: int | None = None,
+    progress: bool = True,
+    reserve: bool = False,
+) -> int:
+    """The loop every `hfbert embed` output shares: `texts` read lazily and once, `chunk_size` at a time, each text's
+    unicode checked by its place in the input, and `write_chunk(writer, indices, texts, progress_bar)` writing that
+    chunk's rows in input order into `out` (`output_writer`: whole or not at all; None: stdout). Under torchrun
+    (RANK / WORLD_SIZE) each rank takes every WORLD_SIZE-th text into its part file and rank 0 merges. `total`: how
+    many texts there are, when known (progress, and the .npy space reserved where `reserve`). Returns how many rows
+    the output holds (under torchrun: the merged file on rank 0, this process's part elsewhere)."""
+    from hfbert.tools.progress import Progress
+    from hfbert.tools.texts import check_unicode
+
+    if chunk_size < 1:
+        raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and out is None:
+        raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
+    target = part_file(out, rank, world) if world > 1 else out
+    share = len(range(rank, total, world)) if total is not None else None
+    bar = Progress(share, task, "text", enabled=progress and rank == 0)
+    with closing(bar), output_writer(target, dimension, kind, share if reserve else None) as writer:
+        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+        while chunk := list(islice(mine, chunk_size)):
+            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
+                check_unicode(text, f"text {index}")
+            write_chunk(writer, [index for index, _ in chunk], [text for _, text in chunk], bar)
+    if world > 1:
+        return merge_under_torchrun(out, kind, rank, world, dimension) or writer.row
+    return writer.row
+
+
+def write_json_line(writer: NpyWriter | JsonlWriter, line: dict[str, Any]) -> None:
+    """One row of a JSON-lines output whose rows are not dense vectors (sparse weights, bge-m3's outputs)."""
+    writer.handle.write(json.dumps(line) + "\n")
+    writer.row += 1
 
 
 def part_file(out: str | os.PathLike, rank: int, world: int) -> str:

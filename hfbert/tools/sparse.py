@@ -28,11 +28,9 @@ accumulated in float64, so the only rounding left is fp32's in each logit.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import closing
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -339,28 +337,24 @@ def sparse_file(
     line into `out` (None: stdout), in input order, as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole
     or not at all; under torchrun each rank writes its share and rank 0 merges). `texts` is read lazily and once, in
     chunks of `chunk_size`. Returns how many lines the output holds."""
-    from hfbert.tools.embedding_output import merge_under_torchrun, output_kind, output_writer, part_file
-    from hfbert.tools.progress import Progress
+    from hfbert.tools.embedding_output import output_kind, write_in_input_order, write_json_line
 
-    if chunk_size < 1:
-        raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
     if output_kind(out) != ".jsonl":
         raise ValueError(f"{out}: sparse vectors are written as JSON lines ({{token: weight}} per text): use .jsonl")
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and out is None:
-        raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
-    target = part_file(out, rank, world) if world > 1 else out
-    share = len(range(rank, total, world)) if total is not None else None
-    bar = Progress(share, "sparse", "text", enabled=progress and rank == 0)
-    with closing(bar), output_writer(target, encoder.dimension, ".jsonl") as writer:
-        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
-        while chunk := list(islice(mine, chunk_size)):
-            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
-                check_unicode(text, f"text {index}")
-            weights = encoder.token_weights([text for _, text in chunk], batch_size, prompt, prompt_name, bar)
-            for (index, _), vector in zip(chunk, weights, strict=True):
-                writer.handle.write(json.dumps({"index": index, "embedding": vector}) + "\n")
-                writer.row += 1
-    if world > 1:
-        return merge_under_torchrun(out, ".jsonl", rank, world, encoder.dimension) or writer.row
-    return writer.row
+
+    def write(writer: Any, indices: list[int], chunk: list[str], bar: Any) -> None:
+        weights = encoder.token_weights(chunk, batch_size, prompt, prompt_name, bar)
+        for index, vector in zip(indices, weights, strict=True):
+            write_json_line(writer, {"index": index, "embedding": vector})
+
+    return write_in_input_order(
+        texts,
+        out,
+        ".jsonl",
+        encoder.dimension,
+        write,
+        task="sparse",
+        chunk_size=chunk_size,
+        total=total,
+        progress=progress,
+    )
