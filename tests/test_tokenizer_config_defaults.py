@@ -18,8 +18,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
+from test_tokenizer import plain
 from tokenizers import SentencePieceUnigramTokenizer
 
 import hfbert
@@ -124,14 +124,6 @@ def load_both(directory: Path, **arguments):
     ours = hfbert.AutoTokenizer.from_pretrained(directory, **arguments)
     assert type(ours).__name__ == type(reference).__name__
     return ours, reference
-
-
-def plain(value):
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [plain(item) for item in value]
-    return value
 
 
 def assert_same(ours, reference) -> None:
