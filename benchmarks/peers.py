@@ -143,7 +143,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import hfbert
@@ -166,7 +165,7 @@ from hfbert.platform.cpu import bfloat16_native, cpu_flags, instruction_set
 from hfbert.platform.mkl import SETTING, SWITCH, mkl_branch
 from hfbert.tools.parity import Accuracy
 from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine, openvino_engine
-from hfbert.tools.parity.reference import load_reference
+from hfbert.tools.parity.engines.reference import load_reference
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
 EMBED_ROW, FAMILY_ROW, MPNET_ROW = "5", "6", "7"
@@ -822,8 +821,8 @@ def mpnet_row(args: argparse.Namespace) -> dict:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as work:
         sessions = attempt(skipped, "ONNX Runtime", lambda: onnx_sessions(directory, Path(work), args.threads))
-        for name, (session, _) in (sessions or {}).items():
-            runners[name] = functools.partial(onnx_embed, session, embedder)
+        for name, (engine, _) in (sessions or {}).items():
+            runners[name] = functools.partial(onnx_embed, engine, embedder)
         rounds, outputs = interleaved(runners, [texts], args.embed_repeats, 1, "cpu", SETTLE)
     reference = outputs["sentence-transformers"][0].double()
     accuracy = {}
@@ -857,25 +856,23 @@ def mpnet_row(args: argparse.Namespace) -> dict:
 def onnx_sessions(directory: Path, work: Path, threads: int) -> dict[str, Any]:
     """ONNX Runtime on transformers' MPNetModel exported as row 1's graphs (no token types: MPNet has none), as
     exported and after ONNX Runtime's BERT fusions (which find MPNet's layer norms and GELU; its attention, with the
-    position bias added to the scores, is not the pattern their Attention node has)."""
-    import onnxruntime
-
+    position bias added to the scores, is not the pattern their Attention node has), each loaded by the parity
+    engine as the other rows load theirs (`onnxruntime_engine.load`: ORT_ENABLE_ALL, `threads` intra-op threads,
+    one inter-op thread, the CPU provider)."""
     plain = export_onnx(directory, work / "mpnet.onnx", token_type_ids=False)
     config = hfbert.BertConfig.from_json_file(directory / "config.json")
     fused, fusions = fuse_onnx(plain, work / "mpnet-fused.onnx", config.num_attention_heads, config.hidden_size)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
 
-    def session(path: Path) -> Any:
-        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    def engine(path: Path) -> Any:
+        return onnxruntime_engine.load(path, config.hidden_size, threads)
 
-    return {"ONNX Runtime": (session(fused), fusions), ORT_UNFUSED: (session(plain), {})}
+    return {"ONNX Runtime": (engine(fused), fusions), ORT_UNFUSED: (engine(plain), {})}
 
 
-def onnx_embed(session: Any, embedder: Any, texts: list[str]) -> torch.Tensor:
-    """sentence-transformers' encode around an ONNX graph: longest texts first, batches of 32 padded to their longest,
-    mean pooling over real tokens, L2 normalization, the original order back."""
+def onnx_embed(engine: Any, embedder: Any, texts: list[str]) -> torch.Tensor:
+    """sentence-transformers' encode around an ONNX graph (a parity engine, `onnxruntime_engine.load`): longest
+    texts first, batches of 32 padded to their longest, mean pooling over real tokens, L2 normalization, the original
+    order back."""
     order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
     embeddings = [None] * len(texts)
     for start in range(0, len(texts), MIXED_BATCH):
@@ -883,9 +880,9 @@ def onnx_embed(session: Any, embedder: Any, texts: list[str]) -> torch.Tensor:
         encoded = embedder.tokenizer(
             [texts[index] for index in members], padding=True, truncation=True, max_length=embedder.max_length
         )
-        feed = {name: np.asarray(encoded[name], dtype=np.int64) for name in ("input_ids", "attention_mask")}
-        hidden = torch.from_numpy(session.run(None, feed)[0])
-        mask = torch.from_numpy(feed["attention_mask"]).unsqueeze(-1).to(hidden.dtype)
+        batch = {name: torch.tensor(encoded[name], dtype=torch.long) for name in ("input_ids", "attention_mask")}
+        hidden = engine.run(batch)["last_hidden_state"]  # right-padded, the inputs the graph takes
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         for index, vector in zip(members, torch.nn.functional.normalize(pooled, dim=-1), strict=True):
             embeddings[index] = vector

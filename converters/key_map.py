@@ -14,7 +14,8 @@ Read the tables top to bottom; `map_key` applies them in that order:
 6. everything else belongs to the backbone, under the model's base prefix (`""` for BertModel, `bert.` for the
    task models, as in transformers).
 
-The families differ only in the names of the prefix and the heads: one `KeyLayout` each, in `LAYOUTS`.
+The families differ only in the names of the prefix and the heads: one `KeyLayout` each (a member's config class
+names its own: `key_layout`).
 """
 
 from __future__ import annotations
@@ -75,14 +76,6 @@ ROBERTA_KEYS = KeyLayout(
 # MPNet names its heads as RoBERTa does; its encoder's own names (`attention.attn.q`, `encoder.relative_attention_bias`)
 # are module names, loaded as they are.
 MPNET_KEYS = KeyLayout(prefix="mpnet.", heads=ROBERTA_KEYS.heads, tied_decoder=ROBERTA_KEYS.tied_decoder)
-# config.json's model_type -> its family's names. XLM-RoBERTa and CamemBERT checkpoints are RoBERTa's, key for key.
-LAYOUTS = {
-    "bert": BERT_KEYS,
-    "roberta": ROBERTA_KEYS,
-    "xlm-roberta": ROBERTA_KEYS,
-    "camembert": ROBERTA_KEYS,
-    "mpnet": MPNET_KEYS,
-}
 # BERT's names under their older constant names.
 BACKBONE_PREFIX, HEADS, TIED_DECODER = BERT_KEYS.prefix, BERT_KEYS.heads, BERT_KEYS.tied_decoder
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,
@@ -126,14 +119,15 @@ def _unwrapped(name: str) -> str:
     return name
 
 
-def family_of_prefix(name: str) -> str | None:
-    """The family (the first model_type of `LAYOUTS`) whose encoder prefix `name` carries, or None.
+def family_of_prefix(name: str, layouts: dict[str, KeyLayout]) -> str | None:
+    """The family (the first model_type of `layouts`, model_type -> its names) whose encoder prefix `name` carries,
+    or None.
 
-    >>> family_of_prefix("roberta.embeddings.word_embeddings.weight")
+    >>> family_of_prefix("roberta.embeddings.word_embeddings.weight", {"bert": BERT_KEYS, "roberta": ROBERTA_KEYS})
     'roberta'
     """
     unwrapped = _unwrapped(name)
-    return next((model_type for model_type, layout in LAYOUTS.items() if unwrapped.startswith(layout.prefix)), None)
+    return next((model_type for model_type, layout in layouts.items() if unwrapped.startswith(layout.prefix)), None)
 
 
 def head_of(normalized: str, layout: KeyLayout = BERT_KEYS) -> str | None:

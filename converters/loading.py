@@ -32,7 +32,7 @@ from converters.checkpoint_files import CheckpointTensors, read_checkpoint
 from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
-from converters.key_map import LAYOUTS, KeyLayout, check_legacy_buffer, family_of_prefix, map_key, normalize_name
+from converters.key_map import BERT_KEYS, KeyLayout, check_legacy_buffer, family_of_prefix, map_key, normalize_name
 from converters.load_report import LoadReport
 
 # hfbert's logger: what transformers warns about on its own logger (a tie not made, heads re-initialised) goes here.
@@ -68,7 +68,9 @@ def load_pretrained(
     if config is None:
         config = config_class.from_json_file(directory / CONFIG_FILE)
     else:  # a copy, as transformers makes: the caller's object is never changed by the load
-        config = config_class.from_object(config, source=f"{directory / CONFIG_FILE} (config=)")
+        # Messages name the file a config was read from (hfbert's configs know it), else the argument.
+        source = getattr(config, "source", None) or f"{directory / CONFIG_FILE} (config=)"
+        config = config_class.from_object(config, source=source)
     if not ignore_auto_map:
         check_auto_map(config.to_dict().get("auto_map"), config.source or str(directory / CONFIG_FILE), model_class)
     config_fields = {field.name for field in dataclasses.fields(config_class)}
@@ -212,7 +214,7 @@ def match_checkpoint(
     model_heads: tuple[str, ...] = (),
     base_prefix: str = "",
     tied: dict[str, str] | None = None,
-    layout: KeyLayout = LAYOUTS["bert"],
+    layout: KeyLayout = BERT_KEYS,
 ) -> tuple[dict[str, Tensor], LoadReport]:
     """Map every checkpoint tensor to a model parameter; report what fits and what does not.
 
@@ -330,17 +332,19 @@ def _warn_about(report: LoadReport, model_class: type, directory: Path, checkpoi
 
 def check_family(model_class: type[nn.Module], config: Any, checkpoint: CheckpointTensors) -> None:
     """Refuse, before anything is built, a config.json of another family than the class (a RoBERTa config into
-    `BertModel`) and tensors named for another family than config.json says (`bert.` tensors beside "roberta")."""
+    `BertModel`) and tensors named for another family than config.json says (`bert.` tensors beside "roberta").
+    `config` is a member's config (`member_layouts()`: model_type -> that member's names, for every member)."""
     where = config.source or "config.json"
-    layout = LAYOUTS[config.model_type]
+    layouts = config.member_layouts()
+    layout = layouts[config.model_type]
     if layout is not model_class.key_layout:
         raise CheckpointError(
             f"{where}: model_type {config.model_type!r} is not loaded by {model_class.__name__}; use its family's "
             "class (hfbert.AutoModel picks it from config.json)"
         )
     for name in checkpoint.tensors:
-        family = family_of_prefix(name)
-        if family is not None and LAYOUTS[family] is not layout:
+        family = family_of_prefix(name, layouts)
+        if family is not None and layouts[family] is not layout:
             raise CheckpointError(
                 f"{checkpoint.origin[name]}: tensor '{name}' is named as a {family!r} checkpoint's, but {where} says "
                 f"model_type {config.model_type!r}; the config and the weights are of different models"

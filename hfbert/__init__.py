@@ -14,14 +14,7 @@ from hfbert.modeling.auto import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
-from hfbert.modeling.config import (
-    BertConfig,
-    CamembertConfig,
-    ConfigError,
-    MPNetConfig,
-    RobertaConfig,
-    XLMRobertaConfig,
-)
+from hfbert.modeling.config import BertConfig, ConfigError
 from hfbert.modeling.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -33,6 +26,7 @@ from hfbert.modeling.heads import (
 )
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.mpnet import (
+    MPNetConfig,
     MPNetForMaskedLM,
     MPNetForMultipleChoice,
     MPNetForQuestionAnswering,
@@ -43,18 +37,21 @@ from hfbert.modeling.mpnet import (
 from hfbert.modeling.outputs import BertModelOutput
 from hfbert.modeling.pretrained import BertPreTrainedModel
 from hfbert.modeling.roberta import (
+    CamembertConfig,
     CamembertForMaskedLM,
     CamembertForMultipleChoice,
     CamembertForQuestionAnswering,
     CamembertForSequenceClassification,
     CamembertForTokenClassification,
     CamembertModel,
+    RobertaConfig,
     RobertaForMaskedLM,
     RobertaForMultipleChoice,
     RobertaForQuestionAnswering,
     RobertaForSequenceClassification,
     RobertaForTokenClassification,
     RobertaModel,
+    XLMRobertaConfig,
     XLMRobertaForMaskedLM,
     XLMRobertaForMultipleChoice,
     XLMRobertaForQuestionAnswering,

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from support.checkpoints import write_bert_base_layout, write_bert_base_pickle
+from support.checkpoints import (
+    Layout,
+    small_layout_config,
+    write_bert_base_layout,
+    write_bert_base_pickle,
+    write_small_layout,
+)
 from support.helpers import (
     HELLO_WORLD_VOCABULARY,
     SMALL_CONFIG,
@@ -37,6 +43,42 @@ def bert_base_pickle_dir(bert_base_tensors, tmp_path_factory) -> Path:
     directory = tmp_path_factory.getbasetemp() / "bert-base-pickle"
     write_bert_base_pickle(directory, bert_base_tensors)
     return directory
+
+
+@pytest.fixture(scope="session")
+def small_layout_tensors(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """`support.checkpoints.write_small_layout`: bert-base-uncased's file layout at 2 layers of hidden 96."""
+    return write_small_layout(tmp_path_factory.getbasetemp() / "small-layout-safetensors")
+
+
+@pytest.fixture(scope="session")
+def small_layout_safetensors_dir(small_layout_tensors, tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "small-layout-safetensors"
+
+
+@pytest.fixture(scope="session")
+def small_layout_pickle_dir(small_layout_tensors, tmp_path_factory) -> Path:
+    directory = tmp_path_factory.getbasetemp() / "small-layout-pickle"
+    write_bert_base_pickle(directory, small_layout_tensors, small_layout_config())
+    return directory
+
+
+@pytest.fixture(params=["small layout", pytest.param("bert-base", marks=pytest.mark.slow)])
+def layout(request) -> Layout:
+    """bert-base-uncased's file layout at 2 layers of hidden 96 in the default run, at its own size in the slow one
+    (`support.checkpoints.Layout`: its folders, tensors and config)."""
+    return Layout(request.param, request.getfixturevalue)
+
+
+@pytest.fixture(params=["in-process", pytest.param("subprocess", marks=pytest.mark.slow)])
+def hfbert_command(request, capsys):
+    """`hfbert_command(*arguments, stdin=b"...")` -> `support.cli.Ran` (returncode, stdout, stderr): `hfbert ARGUMENTS`
+    in-process in the default run, as `python -m hfbert` in a fresh process in the slow one (`support.cli`)."""
+    from support.cli import in_process, in_subprocess
+
+    if request.param == "subprocess":
+        return in_subprocess
+    return lambda *arguments, stdin=None: in_process(capsys, *arguments, stdin=stdin)
 
 
 @pytest.fixture(scope="session")

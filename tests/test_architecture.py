@@ -225,3 +225,52 @@ def test_an_import_inside_a_function_or_relative_counts(tmp_path):
         "hfbert/tools/embed.py:1 imports benchmarks.peers (benchmarks is above hfbert.tools)",
     ]
     assert import_cycles(tmp_path) == [["hfbert.modeling.config", "hfbert.modeling.model"]]
+
+
+# -- the package docstrings ----------------------------------------------------------------------------------------
+# The floors' packages list their rooms in their docstring ("- `config.py`: ..."): every file must be there, and
+# nothing that is not. Other packages' docstrings may name files; those must exist.
+FLOOR_PACKAGES = ("converters", "hfbert/platform", "hfbert/modeling", "hfbert/inference", "hfbert/tools")
+
+
+def listed_rooms(package: Path) -> set[str]:
+    """The files and folders a package's docstring names in inline code (`config.py`, `parity/`, converters'
+    bare `key_map`), as names in the package."""
+    docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    names = set()
+    for span in re.findall(r"`([^`\n]+)`", docstring):
+        if re.fullmatch(r"\w+\.py", span) or (re.fullmatch(r"\w+/", span) and span[:-1] not in top_folders()):
+            names.add(span)
+        elif re.fullmatch(r"\w+", span) and (package / f"{span}.py").is_file():
+            names.add(f"{span}.py")
+    return names
+
+
+def rooms(package: Path) -> set[str]:
+    files = {path.name for path in package.glob("*.py") if path.name != "__init__.py"}
+    return files | {f"{path.name}/" for path in package.iterdir() if (path / "__init__.py").is_file()}
+
+
+@pytest.mark.parametrize("package", FLOOR_PACKAGES)
+def test_a_floors_docstring_lists_exactly_its_rooms(package):
+    listed, present = listed_rooms(ROOT / package), rooms(ROOT / package)
+    assert not present - listed, f"{package}/__init__.py does not list {sorted(present - listed)}"
+    assert not listed - present, f"{package}/__init__.py lists {sorted(listed - present)}, which do not exist"
+
+
+@pytest.mark.parametrize(
+    "package",
+    sorted(
+        {str(path.parent.relative_to(ROOT)) for package in PACKAGES for path in (ROOT / package).rglob("__init__.py")}
+    ),
+)
+def test_a_package_docstring_names_only_files_that_exist(package):
+    missing = sorted(listed_rooms(ROOT / package) - rooms(ROOT / package))
+    assert not missing, f"{package}/__init__.py names {missing}, which do not exist"
+
+
+def test_a_docstring_that_lists_a_removed_room_fails(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": '"""- `cpu.py`: gone.\n- `kept.py`: here."""\n', "pkg/kept.py": ""})
+    assert listed_rooms(tmp_path / "pkg") - rooms(tmp_path / "pkg") == {"cpu.py"}
+    write(tmp_path, {"pkg/new.py": ""})
+    assert rooms(tmp_path / "pkg") - listed_rooms(tmp_path / "pkg") == {"new.py"}

@@ -152,13 +152,10 @@ def test_progress_is_printed_as_lines_when_stderr_is_not_a_terminal(tiny_mlm, tm
     assert progress and progress[-1].startswith("parity: ") and "(100%)" in progress[-1]
 
 
-def test_parity_reads_its_texts_from_standard_input(tiny_mlm):
-    result = subprocess.run(
-        [sys.executable, "-m", "hfbert", "parity", str(tiny_mlm), "--texts", "-", "--json"],
-        input="A first sentence.\nAnother one.\nA third.\n",
-        capture_output=True,
-        text=True,
-        timeout=600,
+def test_parity_reads_its_texts_from_standard_input(tiny_mlm, hfbert_command):
+    """Standard input a pipe: in-process in the default run, `python -m hfbert` in a fresh process in the slow one."""
+    result = hfbert_command(
+        "parity", tiny_mlm, "--texts", "-", "--json", stdin=b"A first sentence.\nAnother one.\nA third.\n"
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)  # --json with no file: the report on stdout, the table on stderr

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,10 +17,6 @@ from support.helpers import max_difference, minilm_directory
 IDS = torch.tensor([[101, 7592, 1010, 2088, 999, 102]])
 
 
-def run_cli(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hfbert.cli", *arguments], capture_output=True, text=True)
-
-
 def transformers_output(directory, model_class="BertModel", **kwargs):
     import transformers
 
@@ -32,29 +26,36 @@ def transformers_output(directory, model_class="BertModel", **kwargs):
     return output, info
 
 
-def test_bert_base_pickle_to_canonical_sharded(tmp_path, bert_base_pickle_dir, bert_base_safetensors_dir):
+@pytest.mark.parametrize(
+    ("layout", "shard_size", "shards"),
+    [("small layout", "1MB", 3), pytest.param("bert-base", "200MB", 3, marks=pytest.mark.slow)],
+    indirect=["layout"],
+)
+def test_bert_base_pickle_to_canonical_sharded(tmp_path, layout, shard_size, shards, hfbert_command):
+    """bert-base-uncased's pickle (small in the default run, its own size in the slow one) to sharded safetensors,
+    `hfbert convert` in-process in the default run, in a fresh process in the slow one."""
     destination = tmp_path / "canonical"
-    result = run_cli("convert", str(bert_base_pickle_dir), str(destination), "--max-shard-size", "200MB")
+    result = hfbert_command("convert", layout.pickle, destination, "--max-shard-size", shard_size)
     assert result.returncode == 0, result.stderr
     index = json.loads((destination / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) == 3
+    assert len(set(index["weight_map"].values())) == shards
     assert "cls.predictions.decoder.weight" not in index["weight_map"]  # tied: stored once, as transformers does
     assert not any("gamma" in name or "beta" in name for name in index["weight_map"])
-    assert (destination / "vocab.txt").read_bytes() == (bert_base_pickle_dir / "vocab.txt").read_bytes()
+    assert (destination / "vocab.txt").read_bytes() == (layout.pickle / "vocab.txt").read_bytes()
 
     pretraining, info = transformers_output(destination, "BertForPreTraining")
     assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set())
-    original, _ = transformers_output(bert_base_safetensors_dir, "BertForPreTraining")
+    original, _ = transformers_output(layout.safetensors, "BertForPreTraining")
     assert max_difference(pretraining.prediction_logits, original.prediction_logits) == 0.0
     ours = hfbert.BertModel.from_pretrained(destination)
-    reference, _ = transformers_output(bert_base_safetensors_dir)
+    reference, _ = transformers_output(layout.safetensors)
     with torch.no_grad():
         assert max_difference(ours(input_ids=IDS).last_hidden_state, reference.last_hidden_state) <= 1e-5
 
 
-def test_minilm_with_legacy_buffer_to_bfloat16(tmp_path):
+def test_minilm_with_legacy_buffer_to_bfloat16(tmp_path, hfbert_command):
     destination = tmp_path / "bf16"
-    result = run_cli("convert", str(minilm_directory()), str(destination), "--dtype", "bfloat16")
+    result = hfbert_command("convert", minilm_directory(), destination, "--dtype", "bfloat16")
     assert result.returncode == 0, result.stderr
     output, info = transformers_output(destination)
     assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
@@ -81,9 +82,9 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     assert calls and list(tmp_path.iterdir()) == []
 
 
-def test_destination_that_exists_is_refused(tmp_path):
+def test_destination_that_exists_is_refused(tmp_path, hfbert_command):
     (tmp_path / "out").mkdir()
-    result = run_cli("convert", str(minilm_directory()), str(tmp_path / "out"))
+    result = hfbert_command("convert", minilm_directory(), tmp_path / "out")
     assert result.returncode == 1 and "already exists" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -139,20 +140,24 @@ def test_shards_and_index_are_the_ones_transformers_writes(tmp_path, class_name)
                 assert all(torch.equal(mine.get_tensor(key), theirs.get_tensor(key)) for key in theirs.keys())
 
 
-def test_inspect_bert_base_layout(bert_base_safetensors_dir):
-    result = run_cli("inspect", str(bert_base_safetensors_dir))
+def test_inspect_bert_base_layout(layout, hfbert_command):
+    """bert-base-uncased's file layout (small in the default run, its own size in the slow one)."""
+    result = hfbert_command("inspect", layout.safetensors)
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    weights = bert_base_safetensors_dir / "model.safetensors"
+    weights = layout.safetensors / "model.safetensors"
     assert hashlib.sha256(weights.read_bytes()).hexdigest() in text
-    assert "bert.encoder.layer.{0-11}.attention.self.query.weight" in text
-    assert "renamed -> encoder.layer.{0-11}.output.LayerNorm.weight" in text
+    layers = f"{{0-{layout.config['num_hidden_layers'] - 1}}}"
+    assert f"bert.encoder.layer.{layers}.attention.self.query.weight" in text
+    assert f"renamed -> encoder.layer.{layers}.output.LayerNorm.weight" in text
     assert text.count("ignored by design") == 7
-    # layout.json's published parameter count of the real model.safetensors
-    assert "total 110,106,428" in text
+    total = sum(tensor.numel() for tensor in layout.tensors.values())
+    assert f"total {total:,}" in text
+    if not layout.small:  # layout.json's published parameter count of the real model.safetensors
+        assert "total 110,106,428" in text
 
 
-def test_inspect_missing_source_fails_with_one_line():
-    result = run_cli("inspect", "./no/such/dir")
+def test_inspect_missing_source_fails_with_one_line(hfbert_command):
+    result = hfbert_command("inspect", "./no/such/dir")
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
     assert "not a checkpoint directory" in result.stderr

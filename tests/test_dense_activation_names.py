@@ -94,6 +94,53 @@ def resolve_in_a_fresh_interpreter(directory: Path, target: str | None) -> tuple
     return json.loads(last), "\n".join(printed)
 
 
+# All the names in one fresh interpreter, one after the other, each attempt's output captured: the default run's
+# twin of the test below, which gives each name an interpreter of its own (slow: one start each).
+RESOLVE_ALL = """
+import contextlib, io, json, sys
+from pathlib import Path
+from hfbert.tools.sentence_transformers_pipeline import read_pipeline
+
+for directory, target in zip(sys.argv[1::2], sys.argv[2::2]):
+    assert target == "-" or target not in sys.modules, f"{target} is imported before its attempt"
+    before, printed = set(sys.modules), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            read_pipeline(Path(directory), 32, 512, 512)
+        error = None
+    except ValueError as caught:
+        error = str(caught)
+    imported = sorted(set(sys.modules) - before)
+    print(json.dumps({"error": error, "imported": imported, "printed": printed.getvalue()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def resolved_together(dense_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """name -> (its checkpoint, what read_pipeline did with it), every name of REFUSED in one fresh interpreter."""
+    root = tmp_path_factory.mktemp("refused")
+    directories = {name: naming(dense_checkpoint, root / str(index), name) for index, name in enumerate(REFUSED)}
+    arguments = [str(part) for name in REFUSED for part in (directories[name], REFUSED[name] or "-")]
+    tests = Path(__file__).resolve().parent
+    result = subprocess.run(
+        [sys.executable, "-c", RESOLVE_ALL, *arguments], capture_output=True, text=True, cwd=tests.parent, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    outcomes = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(outcomes) == len(REFUSED), result.stdout
+    return {name: (directories[name], outcome) for name, outcome in zip(REFUSED, outcomes, strict=True)}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_name_outside_the_table_is_refused_and_nothing_is_imported_in_one_interpreter(resolved_together, name):
+    directory, outcome = resolved_together[name]
+    config_file = next(directory.glob("*_Dense")) / "config.json"
+    assert outcome["error"].startswith(f"{config_file}: activation_function {name!r} is not one hfbert runs")
+    assert outcome["imported"] == []  # refused from the name: no module imported, none of its code run
+    assert outcome["printed"] == ""  # `this` prints the Zen of Python when imported
+
+
+@pytest.mark.slow  # a fresh interpreter for each name; all in one: the test above
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_a_name_outside_the_table_is_refused_and_nothing_is_imported(dense_checkpoint, tmp_path, name):
     directory = naming(dense_checkpoint, tmp_path / "st", name)

@@ -15,16 +15,14 @@ from converters import CheckpointError
 
 from support.helpers import HEAD_CLASSES, max_difference, randomize_weights
 from support.helpers import trainer_losses as shared_trainer_losses
+from support.members import tiny_config
 
-# transformers' BertModelTester config (tests/models/bert/test_modeling_bert.py), dropout off so runs compare.
-TESTER_CONFIG = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
+# transformers' BertModelTester config (tests/models/bert/test_modeling_bert.py): the family's tiny config
+# (support.members) with its 16 token types and 512 positions, dropout off so runs compare.
+TESTER_CONFIG = tiny_config(
+    "bert",
     type_vocab_size=16,
-    num_labels=3,
+    max_position_embeddings=512,
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
 )

@@ -10,6 +10,7 @@ nothing left behind. Each pooling mode, Normalize and Dense against sentence-tra
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -48,21 +49,40 @@ def texts() -> list[str]:
     return texts
 
 
+_REFERENCES: dict[int, np.ndarray] = {}
+
+
+def reference_of(texts: list[str]) -> np.ndarray:
+    """sentence-transformers' embeddings of the first `len(texts)` texts (computed once per count)."""
+    if len(texts) not in _REFERENCES:
+        sentence_transformers = pytest.importorskip("sentence_transformers")
+        model = sentence_transformers.SentenceTransformer(str(minilm_directory()), device="cpu")
+        _REFERENCES[len(texts)] = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    return _REFERENCES[len(texts)]
+
+
+# The first 60 texts in the default run (long ones among them, several chunks at the chunk sizes below); all
+# TEXT_COUNT in the slow one.
+FEW = 60
+COUNTS = [FEW, pytest.param(TEXT_COUNT, marks=pytest.mark.slow)]
+
+
+@pytest.fixture
+def corpus(request, texts, tmp_path) -> tuple[list[str], np.ndarray, object]:
+    """(texts, their reference embeddings, a folder with them as texts.txt and texts.jsonl) for the test's count."""
+    chosen = texts[: request.param]
+    with open(tmp_path / "texts.txt", "w", encoding="utf-8") as handle:
+        handle.write("".join(text + "\n" for text in chosen))
+    with open(tmp_path / "texts.jsonl", "w", encoding="utf-8") as handle:
+        for number, text in enumerate(chosen):
+            handle.write(json.dumps({"id": f"doc-{number}", "text": text}) + "\n")
+    return chosen, reference_of(chosen), tmp_path
+
+
 @pytest.fixture(scope="module")
 def reference(texts) -> np.ndarray:
-    sentence_transformers = pytest.importorskip("sentence_transformers")
-    model = sentence_transformers.SentenceTransformer(str(minilm_directory()), device="cpu")
-    return model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
-
-
-@pytest.fixture(scope="module")
-def inputs(texts, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("inputs")
-    (directory / "texts.txt").write_text("".join(text + "\n" for text in texts), encoding="utf-8")
-    with open(directory / "texts.jsonl", "w", encoding="utf-8") as handle:
-        for number, text in enumerate(texts):
-            handle.write(json.dumps({"id": f"doc-{number}", "text": text}) + "\n")
-    return directory
+    """The first FEW texts' reference embeddings."""
+    return reference_of(texts[:FEW])
 
 
 def embed(*arguments) -> int:
@@ -77,23 +97,27 @@ def assert_matches(embeddings: np.ndarray, reference: np.ndarray) -> None:
     assert difference.max() <= MAX_ABS, f"text {worst}: max abs difference {difference.max()}"
 
 
-def test_text_file_to_npy(inputs, reference, tmp_path):
+@pytest.mark.parametrize("corpus", COUNTS, indirect=True)
+def test_text_file_to_npy(corpus, tmp_path):
+    texts, reference, inputs = corpus
     out = tmp_path / "embeddings.npy"
     arguments = ["--file", inputs / "texts.txt", "--pooling", "mean", "--normalize", "--out", out]
-    assert embed(*arguments, "--chunk-size", 64, "--batch-size", 16) == 0
+    chunk = 64 if len(texts) == TEXT_COUNT else 16  # several chunks either way
+    assert embed(*arguments, "--chunk-size", chunk, "--batch-size", 16) == 0
     embeddings = np.load(out)
     assert embeddings.dtype == np.float32
     assert_matches(embeddings, reference)
 
 
-def test_jsonl_file_to_jsonl(inputs, reference, tmp_path):
+@pytest.mark.parametrize("corpus", COUNTS, indirect=True)
+def test_jsonl_file_to_jsonl(corpus, tmp_path):
+    texts, reference, inputs = corpus
     out = tmp_path / "embeddings.jsonl"
-    assert (
-        embed("--file", inputs / "texts.jsonl", "--pooling", "mean", "--normalize", "--out", out, "--chunk-size", 100)
-        == 0
-    )
+    chunk = 100 if len(texts) == TEXT_COUNT else 25
+    arguments = ["--file", inputs / "texts.jsonl", "--pooling", "mean", "--normalize", "--out", out]
+    assert embed(*arguments, "--chunk-size", chunk) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [record["index"] for record in records] == list(range(TEXT_COUNT))
+    assert [record["index"] for record in records] == list(range(len(texts)))
     assert_matches(np.array([record["embedding"] for record in records], dtype=np.float32), reference)
 
 
@@ -131,29 +155,24 @@ def test_bad_inputs_exit_1_with_one_line(tmp_path, capsys):
     assert ".npy or a .jsonl" in capsys.readouterr().err
 
 
-def hfbert_process(*arguments, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    """`python -m hfbert ARGUMENTS` in a fresh process, stdin given as a pipe."""
-    command = [sys.executable, "-m", "hfbert", *map(str, arguments)]
-    return subprocess.run(command, input=stdin, capture_output=True, timeout=600)
-
-
 @pytest.mark.parametrize(("source", "suffix"), [("-", ".npy"), ("/dev/stdin", ".jsonl"), ("-", None)])
-def test_a_pipe_is_read_once(source, suffix, texts, reference, tmp_path):
+def test_a_pipe_is_read_once(source, suffix, texts, reference, tmp_path, hfbert_command):
     """`printf ... | hfbert embed MODEL --file -` (or /dev/stdin): every line embedded, none lost to a first
-    pass that counted them (such a pass wrote an empty file and exited 0)."""
+    pass that counted them (such a pass wrote an empty file and exited 0). In-process with a real pipe on standard
+    input in the default run, in a fresh process in the slow one."""
     data = "".join(text + "\n" for text in texts[:40]).encode()
     out = tmp_path / f"piped{suffix}" if suffix else None
-    result = hfbert_process("embed", minilm_directory(), "--file", source, *(["--out", out] if out else []), stdin=data)
+    result = hfbert_command("embed", minilm_directory(), "--file", source, *(["--out", out] if out else []), stdin=data)
     assert result.returncode == 0, result.stderr
     if suffix == ".npy":
         embeddings = np.load(out)
     else:
-        lines = (out.read_text() if out else result.stdout.decode()).splitlines()
+        lines = (out.read_text() if out else result.stdout).splitlines()
         records = [json.loads(line) for line in lines]
         assert [record["index"] for record in records] == list(range(40))
         embeddings = np.array([record["embedding"] for record in records], dtype=np.float32)
     assert_matches(embeddings, reference[:40])
-    assert f"wrote 40 embeddings of size 384 to {out or 'stdout'}" in result.stderr.decode()
+    assert f"wrote 40 embeddings of size 384 to {out or 'stdout'}" in result.stderr
 
 
 def test_one_embedding_is_singular(tmp_path, capsys):
@@ -171,6 +190,7 @@ def private_tmpfs_unavailable() -> str | None:
     return None if probe.returncode == 0 else f"unshare -m / mount not permitted here ({probe.stderr.decode().strip()})"
 
 
+@pytest.mark.slow  # a fresh process in a mount namespace per case; in-process twin: the test after this one
 @pytest.mark.skipif(private_tmpfs_unavailable() is not None, reason=str(private_tmpfs_unavailable()))
 @pytest.mark.parametrize("case", ["npy from a file", "npy from a pipe", "jsonl from a pipe"])
 def test_a_full_disk_is_one_line_and_leaves_nothing(case, tmp_path):
@@ -193,6 +213,79 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(case, tmp_path):
     assert f"hfbert embed: {out}: no space left on the disk holding {disk} (tmpfs (tmpfs) mounted on {disk}" in lines[0]
     assert "nothing was written" in lines[0]
     assert result.stdout == ""  # `ls -A` of the full disk: no partial file, no temporary
+
+
+class SmallDisk:
+    """A disk of `size` bytes under the files `hfbert embed` writes (hfbert.tools.embedding_output's `open`, and
+    os.posix_fallocate): a write or a reservation past it fails with ENOSPC, as on a full tmpfs."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.used = size, 0
+
+    def open(self, path, mode="r", *arguments, **options):
+        handle = open(path, mode, *arguments, **options)  # noqa: SIM115 - the caller closes it
+        return _Budgeted(handle, self) if "w" in mode or "a" in mode else handle
+
+    def spend(self, count: int) -> None:
+        if self.used + count > self.size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.used += count
+
+    def fallocate(self, real):
+        def posix_fallocate(descriptor: int, offset: int, length: int) -> None:
+            if offset + length > self.size:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(descriptor, offset, length)
+
+        return posix_fallocate
+
+
+class _Budgeted:
+    def __init__(self, handle, disk: SmallDisk) -> None:
+        self._handle, self._disk = handle, disk
+
+    def write(self, data) -> int:
+        self._disk.spend(len(data.encode() if isinstance(data, str) else data))
+        return self._handle.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._handle.close()
+
+
+@pytest.mark.parametrize("case", ["npy from a file", "npy from a pipe", "jsonl from a pipe"])
+def test_a_full_disk_is_one_line_and_leaves_nothing_in_process(case, tmp_path, capsys, monkeypatch):
+    """test_a_full_disk_is_one_line_and_leaves_nothing in-process: the same 1000 texts into a 1 MiB disk simulated
+    under the writer (writes and reservations past it fail with ENOSPC), from a file or a real pipe."""
+    import hfbert.tools.embedding_output as embedding_output
+
+    from support.cli import in_process
+
+    disk = SmallDisk(2**20)
+    monkeypatch.setattr(embedding_output, "open", disk.open, raising=False)
+    if hasattr(os, "posix_fallocate"):
+        monkeypatch.setattr(os, "posix_fallocate", disk.fallocate(os.posix_fallocate))
+    source = tmp_path / "texts.txt"
+    source.write_text("".join(f"text {i}\n" for i in range(1000)), encoding="utf-8")
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    out = folder / ("embeddings.jsonl" if case.startswith("jsonl") else "embeddings.npy")
+    arguments = ["embed", minilm_directory(), "--batch-size", 64, "--chunk-size", 200, "--out", out]
+    if case.endswith("a file"):
+        result = in_process(capsys, *arguments, "--file", source)
+    else:
+        result = in_process(capsys, *arguments, "--file", "-", stdin=source.read_bytes())
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"hfbert embed: {out}: no space left on the disk holding {folder} (" in lines[0]
+    assert "nothing was written" in lines[0]
+    assert list(folder.iterdir()) == []  # no partial file, no temporary
 
 
 @pytest.mark.slow  # two torchrun workers, each loading torch and the model
@@ -233,10 +326,11 @@ def read_embeddings(path) -> np.ndarray:
 FILL_MASK_TEXT = "Paris is the [MASK] of France."
 
 
-def test_fill_mask_equals_the_transformers_pipeline(bert_base_safetensors_dir, capsys):
+def test_fill_mask_equals_the_transformers_pipeline(layout, capsys):
+    """bert-base-uncased's file layout: small in the default run, its own size in the slow one."""
     import transformers
 
-    directory = bert_base_safetensors_dir
+    directory = layout.safetensors
     pipeline = transformers.pipeline(
         "fill-mask",
         model=transformers.BertForMaskedLM.from_pretrained(directory),

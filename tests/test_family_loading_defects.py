@@ -2,8 +2,8 @@
 
 - masked LMs with untied embeddings (transformers 5 unties the decoder's bias too), and tied configs whose checkpoint
   stores the biases apart, load as transformers loads them and round-trip through hfbert's save_pretrained;
-- parameter names and order, state dict keys and order equal transformers' for every class, so an optimizer state
-  saved from transformers' model steps hfbert's;
+- the embeddings' parameter order, BERT's and RoBERTa's (every class's parameter and state dict order, and an
+  optimizer state saved from transformers' model: test_family_conformance.py);
 - ignore_mismatched_sizes warns, naming tensor and shapes; the missing-pooler refusal names strict=False;
 - resize_token_embeddings(pad_to_multiple_of=<not an int>) says what transformers says;
 - a checkpoint that is not there raises an OSError too; subfolder= loads from a folder inside a checkpoint or repo.
@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -25,21 +24,14 @@ from safetensors.torch import load_file, save_file
 
 import hfbert
 from converters.errors import CheckpointError, CheckpointNotFoundError
-from hfbert.modeling.auto import MODEL_CLASSES
+from hfbert.modeling.family import member as family_member
 
 from support.fake_hub import FakeHub
-from support.family import TINY, family_checkpoint
+from support.family import family_checkpoint
 from support.helpers import randomize_weights
+from support.members import tiny_config
 
-PREFIXES = {
-    "bert": "Bert",
-    "roberta": "Roberta",
-    "xlm-roberta": "XLMRoberta",
-    "camembert": "Camembert",
-    "mpnet": "MPNet",
-}
-ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
-SIZES = {key: value for key, value in TINY.items() if key != "type_vocab_size"}  # BERT's two token types
+SIZES = tiny_config("bert")  # the family's tiny config (support.members), BERT's two token types
 # Where each member's masked LM keeps its head: (the head module, its decoder's names, the word embeddings' name).
 MLM_HEADS = {
     "bert": ("cls.predictions", "bert.embeddings.word_embeddings.weight"),
@@ -50,20 +42,21 @@ MLM_HEADS = {
 }
 
 
-def fields_of(member: str, **fields) -> dict:
-    return {**SIZES, **({"type_vocab_size": 1} if member in ROBERTA_FAMILY else {}), **fields}
+def prefix(model_type: str) -> str:
+    """transformers' (and hfbert's) class-name prefix of the member: "XLMRoberta", "MPNet" ..."""
+    return family_member(model_type).reference
 
 
 def transformers_model(member: str, task: str, **fields):
     import transformers
 
-    config = getattr(transformers, f"{PREFIXES[member]}Config")(**fields_of(member, **fields))
-    return getattr(transformers, f"{PREFIXES[member]}{task}")(config)
+    config = getattr(transformers, f"{prefix(member)}Config")(**tiny_config(member, **fields))
+    return getattr(transformers, f"{prefix(member)}{task}")(config)
 
 
 def hfbert_model(member: str, task: str, **fields):
-    config = getattr(hfbert, f"{PREFIXES[member]}Config")(**fields_of(member, **fields))
-    return getattr(hfbert, f"{PREFIXES[member]}{task}")(config)
+    config = getattr(hfbert, f"{prefix(member)}Config")(**tiny_config(member, **fields))
+    return getattr(hfbert, f"{prefix(member)}{task}")(config)
 
 
 def input_ids() -> torch.Tensor:
@@ -96,13 +89,13 @@ def logits(model) -> torch.Tensor:
 def transformers_class(member: str, task: str):
     import transformers
 
-    return getattr(transformers, f"{PREFIXES[member]}{task}")
+    return getattr(transformers, f"{prefix(member)}{task}")
 
 
 # -- 1. the masked-LM decoder's bias follows tie_word_embeddings, as in transformers 5 ----------------------------
 
 
-@pytest.mark.parametrize("member", list(PREFIXES))
+@pytest.mark.parametrize("member", list(MLM_HEADS))
 def test_untied_masked_lm_after_training_loads_and_round_trips(member, tmp_path):
     theirs = trained_masked_lm(member, tied=False)
     head, _ = MLM_HEADS[member]
@@ -111,7 +104,7 @@ def test_untied_masked_lm_after_training_loads_and_round_trips(member, tmp_path)
     theirs.save_pretrained(tmp_path / "theirs")
     reloaded = transformers_class(member, "ForMaskedLM").from_pretrained(tmp_path / "theirs").eval()
 
-    ours = getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path / "theirs")
+    ours = getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path / "theirs")
     ours_head = ours.get_submodule(head)
     assert ours_head.decoder.bias is not ours_head.bias
     assert torch.equal(ours_head.decoder.bias, stored.decoder.bias) and torch.equal(ours_head.bias, stored.bias)
@@ -124,7 +117,7 @@ def test_untied_masked_lm_after_training_loads_and_round_trips(member, tmp_path)
         assert torch.equal(again.state_dict()[name], parameter), name
 
 
-@pytest.mark.parametrize("member", list(PREFIXES))
+@pytest.mark.parametrize("member", list(MLM_HEADS))
 def test_tied_masked_lm_whose_checkpoint_stores_the_biases_apart_loads_as_transformers(member, tmp_path, caplog):
     theirs = trained_masked_lm(member, tied=True)
     theirs.save_pretrained(tmp_path)
@@ -138,7 +131,7 @@ def test_tied_masked_lm_whose_checkpoint_stores_the_biases_apart_loads_as_transf
     assert reloaded.get_submodule(head).decoder.bias is not reloaded.get_submodule(head).bias
 
     with caplog.at_level(logging.WARNING, logger="hfbert"):
-        ours = getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path)
+        ours = getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path)
     ours_head = ours.get_submodule(head)
     assert ours_head.decoder.bias is not ours_head.bias
     assert ours_head.decoder.weight is ours.get_input_embeddings().weight  # this tie holds: both copies are equal
@@ -152,15 +145,15 @@ def test_tied_masked_lm_whose_checkpoint_stores_the_biases_apart_loads_as_transf
     torch.testing.assert_close(logits(again), logits(reloaded), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("member", list(PREFIXES))
+@pytest.mark.parametrize("member", list(MLM_HEADS))
 def test_tied_masked_lm_stays_tied_through_save_and_reload(member, tmp_path):
     theirs = trained_masked_lm(member, tied=True)
     theirs.save_pretrained(tmp_path / "theirs")
     reloaded = transformers_class(member, "ForMaskedLM").from_pretrained(tmp_path / "theirs").eval()
-    ours = getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path / "theirs")
+    ours = getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path / "theirs")
     ours.save_pretrained(tmp_path / "ours")
     for directory in ("theirs", "ours"):
-        model = getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path / directory)
+        model = getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path / directory)
         head = model.get_submodule(MLM_HEADS[member][0])
         assert head.decoder.weight is model.get_input_embeddings().weight, directory
         assert head.decoder.bias is head.bias, directory
@@ -180,13 +173,13 @@ def test_a_tie_stored_under_the_other_name_loads_as_transformers(member, tmp_pat
     tensors[f"{head}.decoder.bias"] = tensors.pop(f"{head}.bias")
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     reloaded = transformers_class(member, "ForMaskedLM").from_pretrained(tmp_path).eval()
-    ours = getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path)
+    ours = getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path)
     assert ours.get_submodule(head).decoder.bias is ours.get_submodule(head).bias
     assert torch.equal(ours.get_submodule(head).bias, tensors[f"{head}.decoder.bias"])
     torch.testing.assert_close(logits(ours), logits(reloaded), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("member", list(PREFIXES))
+@pytest.mark.parametrize("member", list(MLM_HEADS))
 def test_untied_config_with_the_decoder_bias_missing_is_refused_with_the_reason(member, tmp_path):
     """A masked LM saved untied by transformers 4 stores the decoder's bias only as `bias` (they were one tensor
     there); transformers 5 initialises the decoder's bias to zeros. hfbert refuses it strictly, saying why."""
@@ -197,14 +190,14 @@ def test_untied_config_with_the_decoder_bias_missing_is_refused_with_the_reason(
     del tensors[f"{head}.decoder.bias"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=rf"missing from the checkpoint: {head}\.decoder\.bias") as refused:
-        getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path)
+        getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path)
     assert "before transformers 5" in str(refused.value) and "strict=False" in str(refused.value)
     reloaded = transformers_class(member, "ForMaskedLM").from_pretrained(tmp_path).eval()
-    ours = getattr(hfbert, f"{PREFIXES[member]}ForMaskedLM").from_pretrained(tmp_path, strict=False)
+    ours = getattr(hfbert, f"{prefix(member)}ForMaskedLM").from_pretrained(tmp_path, strict=False)
     torch.testing.assert_close(logits(ours), logits(reloaded), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("member", list(PREFIXES))
+@pytest.mark.parametrize("member", list(MLM_HEADS))
 def test_untied_resize_grows_the_decoder_bias_as_transformers(member, tmp_path):
     theirs = trained_masked_lm(member, tied=False)
     ours = hfbert_model(member, "ForMaskedLM", tie_word_embeddings=False)
@@ -223,46 +216,7 @@ def test_untied_resize_grows_the_decoder_bias_as_transformers(member, tmp_path):
     torch.testing.assert_close(logits(again), logits(theirs), atol=1e-3, rtol=1e-3)
 
 
-# -- 2. parameter order and names equal transformers', per member and class ---------------------------------------
-
-CLASSES = [(member, cls.__name__) for member, classes in MODEL_CLASSES.items() for cls in classes.values()]
-
-
-@pytest.mark.parametrize("member,class_name", CLASSES, ids=[name for _, name in CLASSES])
-def test_parameter_order_and_optimizer_state_as_transformers(member, class_name):
-    import transformers
-
-    fields = fields_of(member)
-    torch.manual_seed(0)
-    theirs = getattr(transformers, class_name)(getattr(transformers, f"{PREFIXES[member]}Config")(**fields))
-    ours = getattr(hfbert, class_name)(getattr(hfbert, f"{PREFIXES[member]}Config")(**fields))
-    assert [name for name, _ in ours.named_parameters()] == [name for name, _ in theirs.named_parameters()]
-    assert list(ours.state_dict()) == list(theirs.state_dict())
-    ours.load_state_dict(theirs.state_dict())
-
-    # Adam's state as transformers' model left it after two steps, then one more step on both with the same
-    # gradients: every parameter must come out equal (another tensor's moments would move it otherwise).
-    theirs_optimizer = torch.optim.Adam(theirs.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(2)
-    for _ in range(2):
-        for parameter in theirs.parameters():
-            parameter.grad = torch.randn(parameter.shape, generator=generator)
-        theirs_optimizer.step()
-    ours.load_state_dict(theirs.state_dict())
-    ours_optimizer = torch.optim.Adam(ours.parameters(), lr=1e-2)
-    saved = io.BytesIO()  # as a training script saves it: a copy, not the live moments transformers' steps change
-    torch.save(theirs_optimizer.state_dict(), saved)
-    saved.seek(0)
-    ours_optimizer.load_state_dict(torch.load(saved))
-    gradients = {name: torch.randn(p.shape, generator=generator) for name, p in theirs.named_parameters()}
-    for model in (theirs, ours):
-        for name, parameter in model.named_parameters():
-            parameter.grad = gradients[name].clone()
-    theirs_optimizer.step()
-    ours_optimizer.step()
-    ours_parameters = dict(ours.named_parameters())
-    for name, parameter in theirs.named_parameters():
-        assert torch.equal(ours_parameters[name], parameter), name
+# -- 2. the embeddings' parameter order ---------------------------------------------------------------------------
 
 
 def test_bert_embeddings_keep_bert_order_and_roberta_takes_its_own():
@@ -272,7 +226,7 @@ def test_bert_embeddings_keep_bert_order_and_roberta_takes_its_own():
     theirs = transformers.BertModel(transformers.BertConfig(**SIZES)).embeddings
     assert [name for name, _ in bert.named_parameters()] == [name for name, _ in theirs.named_parameters()]
     assert [name for name, _ in bert.named_parameters()][:2] == ["word_embeddings.weight", "position_embeddings.weight"]
-    roberta = hfbert.RobertaModel(hfbert.RobertaConfig(**fields_of("roberta"))).embeddings
+    roberta = hfbert.RobertaModel(hfbert.RobertaConfig(**tiny_config("roberta"))).embeddings
     assert [name for name, _ in roberta.named_parameters()][-1] == "position_embeddings.weight"
 
 

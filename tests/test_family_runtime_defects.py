@@ -10,22 +10,17 @@ import pytest
 import torch
 
 import hfbert
+from hfbert.modeling.family import member as family_member
 
-from support import family
 from support.helpers import max_difference, randomize_weights
+from support.members import MODEL_TYPES, tiny_config
 
-TINY = {
-    **{key: value for key, value in family.TINY.items() if key not in ("type_vocab_size", "num_labels")},
-    "hidden_dropout_prob": 0.0,
-    "attention_probs_dropout_prob": 0.0,
-}
-MEMBERS = {  # hfbert's config and model class, transformers' prefix
-    "bert": (hfbert.BertConfig, hfbert.BertModel, "Bert"),
-    "roberta": (hfbert.RobertaConfig, hfbert.RobertaModel, "Roberta"),
-    "xlm-roberta": (hfbert.XLMRobertaConfig, hfbert.XLMRobertaModel, "XLMRoberta"),
-    "camembert": (hfbert.CamembertConfig, hfbert.CamembertModel, "Camembert"),
-    "mpnet": (hfbert.MPNetConfig, hfbert.MPNetModel, "MPNet"),
-}
+
+def tiny(model_type: str = "bert") -> dict:
+    """The family's tiny config of `model_type` (support.members), dropout off."""
+    return tiny_config(model_type, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
 # transformers' `PretrainedConfig` fields every member's config accepts, with values other than their defaults.
 GENERIC_FIELDS = dict(return_dict=False, dtype="bfloat16", chunk_size_feed_forward=4, architectures=["BertForMaskedLM"])
 
@@ -33,15 +28,15 @@ GENERIC_FIELDS = dict(return_dict=False, dtype="bfloat16", chunk_size_feed_forwa
 def transformers_class(member: str, suffix: str):
     import transformers
 
-    return getattr(transformers, MEMBERS[member][2] + suffix)
+    return getattr(transformers, family_member(member).reference + suffix)
 
 
 # -- 1. a config with the default 12 heads round-trips; the model build refuses it --------------------------------
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", MODEL_TYPES)
 def test_config_round_trips_where_transformers_does(member, tmp_path):
     """hidden_size=32 with the default 12 heads: transformers saves and reads such a config back (only its model
     refuses it), so hfbert's does too."""
-    ours_class = MEMBERS[member][0]
+    ours_class = family_member(member).config_class
     theirs = transformers_class(member, "Config")(hidden_size=32)
     theirs.save_pretrained(tmp_path / "theirs")
     assert transformers_class(member, "Config").from_pretrained(tmp_path / "theirs").hidden_size == 32
@@ -52,9 +47,9 @@ def test_config_round_trips_where_transformers_does(member, tmp_path):
     assert ours_class.from_pretrained(tmp_path / "theirs").hidden_size == 32
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", MODEL_TYPES)
 def test_model_build_refuses_heads_that_do_not_divide_hidden_size(member, tmp_path):
-    ours_class, model_class, _ = MEMBERS[member]
+    ours_class, model_class = family_member(member).config_class, family_member(member).classes["model"]
     with pytest.raises(ValueError, match="multiple of the number of attention heads"):
         transformers_class(member, "Model")(transformers_class(member, "Config")(hidden_size=32))
     ours_class(hidden_size=32).save_pretrained(tmp_path)
@@ -65,14 +60,15 @@ def test_model_build_refuses_heads_that_do_not_divide_hidden_size(member, tmp_pa
 
 
 # -- 2. transformers' generic config fields ----------------------------------------------------------------------
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", MODEL_TYPES)
 @pytest.mark.parametrize("fields", [{}, GENERIC_FIELDS, {**GENERIC_FIELDS, "dtype": torch.float16}])
 def test_generic_config_fields_equal_transformers(member, fields, tmp_path):
     """Accepted, read as attributes, in to_dict() and in the saved config.json as transformers has them."""
     import transformers
 
-    ours = MEMBERS[member][0](**TINY, **fields)
-    theirs = transformers_class(member, "Config")(**TINY, **fields)
+    config_class = family_member(member).config_class
+    ours = config_class(**tiny(member), **fields)
+    theirs = transformers_class(member, "Config")(**tiny(member), **fields)
     ours.save_pretrained(tmp_path / "ours")
     theirs.save_pretrained(tmp_path / "theirs")
     ours_json = json.loads((tmp_path / "ours" / "config.json").read_text())
@@ -82,7 +78,7 @@ def test_generic_config_fields_equal_transformers(member, fields, tmp_path):
         assert ours.to_dict()[name] == theirs.to_dict()[name], name
         assert ours_json.get(name, "absent") == theirs_json.get(name, "absent"), name
         # each reads the other's file back to the same value
-        assert getattr(MEMBERS[member][0].from_pretrained(tmp_path / "theirs"), name) == getattr(theirs, name)
+        assert getattr(config_class.from_pretrained(tmp_path / "theirs"), name) == getattr(theirs, name)
         assert getattr(transformers.AutoConfig.from_pretrained(tmp_path / "ours"), name) == getattr(ours, name)
 
 
@@ -102,7 +98,7 @@ def test_torch_dtype_of_an_older_file_is_read_as_dtype_and_kept_in_step(tmp_path
     keeps the key, written in step with `dtype`."""
     import transformers
 
-    (tmp_path / "config.json").write_text(json.dumps({**TINY, "model_type": "bert", "torch_dtype": "float16"}))
+    (tmp_path / "config.json").write_text(json.dumps({**tiny(), "model_type": "bert", "torch_dtype": "float16"}))
     ours = hfbert.BertConfig.from_pretrained(tmp_path)
     assert ours.dtype == transformers.BertConfig.from_pretrained(tmp_path).dtype == torch.float16
     ours.dtype = torch.bfloat16
@@ -114,7 +110,7 @@ def test_return_dict_false_in_the_config_returns_tuples_as_transformers(tmp_path
     import transformers
 
     torch.manual_seed(0)
-    theirs = randomize_weights(transformers.BertModel(transformers.BertConfig(**TINY, return_dict=False))).eval()
+    theirs = randomize_weights(transformers.BertModel(transformers.BertConfig(**tiny(), return_dict=False))).eval()
     theirs.save_pretrained(tmp_path)
     ours = hfbert.BertModel.from_pretrained(tmp_path)
     assert ours.config.return_dict is False
@@ -124,7 +120,7 @@ def test_return_dict_false_in_the_config_returns_tuples_as_transformers(tmp_path
     assert type(ours_output) is type(theirs_output) is tuple
     assert max_difference(ours_output[0], theirs_output[0]) <= 1e-5
     assert not isinstance(ours(input_ids=ids, return_dict=True), tuple)
-    built = hfbert.BertModel(hfbert.BertConfig(**TINY, return_dict=False)).eval()  # the constructor takes it too
+    built = hfbert.BertModel(hfbert.BertConfig(**tiny(), return_dict=False)).eval()  # the constructor takes it too
     assert type(built(input_ids=ids)) is tuple
 
 
@@ -142,7 +138,7 @@ def test_bad_generic_fields_name_the_field_and_file(field, value, message, tmp_p
     with pytest.raises(hfbert.ConfigError, match=message) as error:
         hfbert.BertConfig(**{field: value})
     assert f"'{field}'" in str(error.value)
-    (tmp_path / "config.json").write_text(json.dumps({**TINY, "model_type": "bert", field: value}))
+    (tmp_path / "config.json").write_text(json.dumps({**tiny(), "model_type": "bert", field: value}))
     with pytest.raises(hfbert.ConfigError, match=message) as error:
         hfbert.BertConfig.from_pretrained(tmp_path)
     assert f"'{field}'" in str(error.value) and str(tmp_path / "config.json") in str(error.value)
@@ -159,7 +155,9 @@ def tiny_pair(member: str, attention: str, tmp_path, seed: int = 0):
     """transformers' `<member>Model` with random weights and hfbert's loaded from it, both on `attention`
     (transformers' MPNet has the eager kernel only)."""
     torch.manual_seed(seed)
-    theirs = randomize_weights(transformers_class(member, "Model")(transformers_class(member, "Config")(**TINY)))
+    theirs = randomize_weights(
+        transformers_class(member, "Model")(transformers_class(member, "Config")(**tiny(member)))
+    )
     theirs.save_pretrained(tmp_path)
     reference_attention = "eager" if member == "mpnet" else attention
     theirs = transformers_class(member, "Model").from_pretrained(tmp_path, attn_implementation=reference_attention)

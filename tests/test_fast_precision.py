@@ -17,7 +17,7 @@ from hfbert.inference.packed import packing_supported
 from hfbert.modeling.model import BertIntermediate, BertResidualOutput, BertSelfAttention
 from hfbert.tools.parity import default_texts
 
-from support.helpers import Accuracy, make_batches, minilm_directory
+from support.helpers import Accuracy, make_batches, minilm_directory, swap_as_at_bert_base
 
 packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 FUSED = {
@@ -37,10 +37,19 @@ def transformers_model(directory, **kwargs):
     return transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa", **kwargs).eval()
 
 
+@pytest.fixture
+def checkpoint(layout, monkeypatch):
+    """bert-base-uncased's file layout: small in the default run (the swap's size thresholds lowered to a hidden x
+    hidden layer's, so that the same blocks are fused), at its own size in the slow one."""
+    if layout.small:
+        swap_as_at_bert_base(monkeypatch, layout.config["hidden_size"])
+    return layout.safetensors
+
+
 @packs
-def test_blocks_are_swapped_and_the_model_keeps_its_modules_and_parameters(bert_base_safetensors_dir):
-    plain = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
-    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
+def test_blocks_are_swapped_and_the_model_keeps_its_modules_and_parameters(checkpoint):
+    plain = hfbert.BertModel.from_pretrained(checkpoint)
+    model = hfbert.BertModel.from_pretrained(checkpoint)
     parameters = dict(model.named_parameters())
     fast(model)
     layers = model.config.num_hidden_layers
@@ -82,9 +91,9 @@ def test_minilm_sentence_embeddings_keep_the_issue_bound():
 
 
 @packs
-def test_training_gradients_and_a_changed_weight_run_the_plain_computation(bert_base_safetensors_dir):
-    model = fast(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
-    reference = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir).eval()
+def test_training_gradients_and_a_changed_weight_run_the_plain_computation(checkpoint):
+    model = fast(hfbert.BertModel.from_pretrained(checkpoint))
+    reference = hfbert.BertModel.from_pretrained(checkpoint).eval()
     batch = make_batches(model.config.vocab_size, model.config.type_vocab_size, model.config.hidden_size)[0].kwargs
     # Gradients asked for: the plain computation, the plain model's numbers bit for bit.
     ours = model(**batch).last_hidden_state
@@ -92,12 +101,16 @@ def test_training_gradients_and_a_changed_weight_run_the_plain_computation(bert_
     assert torch.equal(ours, expected)
     ours.sum().backward()
     assert model.encoder.layer[0].attention.self.query.weight.grad is not None
-    # An in-place change of a fused weight is seen by the next inference call (the packed form is rebuilt).
+    # An in-place change of a fused weight is seen by the next inference call (the packed form is rebuilt): the
+    # output moves, and lands within rounding of the plain model's (exactly on it, on some CPUs).
     with torch.no_grad():
+        before = model(**batch).last_hidden_state
         for module in (model, reference):
             module.encoder.layer[0].intermediate.dense.weight.mul_(1.5)
-        error = (model(**batch).last_hidden_state - reference(**batch).last_hidden_state).abs().max()
-    assert 0 < error <= 1e-3
+        after = model(**batch).last_hidden_state
+        error = (after - reference(**batch).last_hidden_state).abs().max()
+    assert (after - before).abs().max() > 1e-2
+    assert error <= 1e-3
 
 
 @pytest.mark.slow  # torch.compile of a bert-base-sized model

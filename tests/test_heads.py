@@ -1,4 +1,6 @@
-"""Task heads against transformers: logits and losses, loading both ways, saving, training, drop-in methods."""
+"""BERT's task heads against transformers: problem types, loading both ways (bert-base-uncased's file layout: small in
+the default run, at its own size in the slow one), saving, training, drop-in methods. Every head's outputs and losses,
+padded and padding-free, and one training step: test_family_conformance.py."""
 
 from __future__ import annotations
 
@@ -72,28 +74,6 @@ def compare_outputs(ours, theirs, real: torch.Tensor | None = None) -> None:
             assert max_difference(ours[key], theirs[key], real if token_level else None) <= TOLERANCE, key
 
 
-@pytest.mark.parametrize("class_name", HEAD_CLASSES)
-@pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
-def test_logits_and_loss_match_transformers(class_name, padding_free, tmp_path):
-    theirs_model = reference_model(class_name, tmp_path)
-    ours_model, info = getattr(hfbert, class_name).from_pretrained(tmp_path, output_loading_info=True)
-    assert (info["missing_keys"], info["unexpected_keys"], info["report"].new_head) == (set(), set(), [])
-    assert list(ours_model.state_dict()) == list(theirs_model.state_dict())
-    ours_model.backbone.padding_free = padding_free and class_name != "BertForQuestionAnswering"
-    generator = torch.Generator().manual_seed(1)
-    batch = inputs(class_name, generator)
-    targets = labels(class_name, generator)
-    # Padded: every position equals transformers. Padding-free: outputs at pad positions are zeros by design,
-    # so token-level outputs are compared at real positions.
-    real = batch["attention_mask"].bool() if padding_free and batch["attention_mask"].dim() == 2 else None
-    with torch.no_grad():
-        compare_outputs(ours_model(**batch), theirs_model(**batch), real)
-        compare_outputs(ours_model(**batch, **targets), theirs_model(**batch, **targets), real)
-        ours_tuple = ours_model(**batch, **targets, return_dict=False)
-        theirs_tuple = theirs_model(**batch, **targets, return_dict=False)
-    assert len(ours_tuple) == len(theirs_tuple)
-
-
 @pytest.mark.parametrize("problem", ["regression", "single_label_classification", "multi_label_classification"])
 @pytest.mark.parametrize("num_labels", [1, 3])
 @pytest.mark.parametrize("explicit", [True, False])
@@ -119,15 +99,15 @@ def test_sequence_classification_problem_types(problem, num_labels, explicit, tm
 
 
 @pytest.mark.parametrize("class_name", ["BertForPreTraining", "BertForMaskedLM"])
-def test_bert_base_uncased_layout_loads_into_pretraining_heads(class_name, bert_base_safetensors_dir):
+def test_bert_base_uncased_layout_loads_into_pretraining_heads(class_name, layout):
     import transformers
 
-    model, info = getattr(hfbert, class_name).from_pretrained(bert_base_safetensors_dir, output_loading_info=True)
+    model, info = getattr(hfbert, class_name).from_pretrained(layout.safetensors, output_loading_info=True)
     report = info["report"]
     assert report.missing == [] and report.unexpected == [] and report.new_head == []
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
-    reference = getattr(transformers, class_name).from_pretrained(bert_base_safetensors_dir).eval()
+    reference = getattr(transformers, class_name).from_pretrained(layout.safetensors).eval()
     batch = dict(input_ids=torch.tensor([[101, 2023, 103, 1037, 102, 2000, 102]]))
     # The default kernel is transformers' own, so 1e-5 proves the port (test_linear.py holds the logits to
     # transformers' fp32 accuracy against float64).
@@ -141,14 +121,14 @@ def test_question_answering_stays_padded():
     assert model.backbone.padding_free is False
 
 
-def test_pickle_with_stored_decoder_loads_into_masked_lm(bert_base_pickle_dir):
-    _, info = hfbert.BertForMaskedLM.from_pretrained(bert_base_pickle_dir, output_loading_info=True)
+def test_pickle_with_stored_decoder_loads_into_masked_lm(layout):
+    _, info = hfbert.BertForMaskedLM.from_pretrained(layout.pickle, output_loading_info=True)
     assert info["report"].ignored_by_design["cls.predictions.decoder.weight"].startswith("tied to")
 
 
-def test_new_classifier_on_a_backbone_checkpoint(bert_base_safetensors_dir):
+def test_new_classifier_on_a_backbone_checkpoint(layout):
     model, info = hfbert.BertForSequenceClassification.from_pretrained(
-        bert_base_safetensors_dir, num_labels=5, output_loading_info=True
+        layout.safetensors, num_labels=5, output_loading_info=True
     )
     assert info["report"].new_head == ["classifier.weight", "classifier.bias"]
     assert model.classifier.out_features == 5 and model.config.num_labels == 5
@@ -203,11 +183,11 @@ def gradients(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("class_name", ["BertForMaskedLM", "BertForSequenceClassification"])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_loss_and_gradients_match_transformers(class_name, checkpointing, tmp_path):
+def test_loss_and_gradients_with_checkpointing_match_transformers(class_name, tmp_path):
+    """hfbert with gradient checkpointing on against transformers without (without it on both, every head of every
+    member: test_family_conformance.py)."""
     ours, theirs = training_pair(class_name, tmp_path)
-    if checkpointing:
-        ours.gradient_checkpointing_enable()
+    ours.gradient_checkpointing_enable()
     generator = torch.Generator().manual_seed(3)
     batch = {**inputs(class_name, generator), **labels(class_name, generator)}
     ours_loss, theirs_loss = ours(**batch).loss, theirs(**batch).loss
@@ -283,15 +263,15 @@ def test_drop_in_methods(tmp_path):
     assert isinstance(theirs, transformers.BertForMaskedLM)
 
 
-def test_fill_mask_matches_transformers_pipeline(bert_base_safetensors_dir):
+def test_fill_mask_matches_transformers_pipeline(layout):
     import transformers
 
-    model = hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir)
-    tokenizer = hfbert.BertTokenizer.from_pretrained(bert_base_safetensors_dir)
+    model = hfbert.BertForMaskedLM.from_pretrained(layout.safetensors)
+    tokenizer = hfbert.BertTokenizer.from_pretrained(layout.safetensors)
     pipeline = transformers.pipeline(
         "fill-mask",
-        model=transformers.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir),
-        tokenizer=transformers.BertTokenizerFast.from_pretrained(bert_base_safetensors_dir),
+        model=transformers.BertForMaskedLM.from_pretrained(layout.safetensors),
+        tokenizer=transformers.BertTokenizerFast.from_pretrained(layout.safetensors),
         device="cpu",
     )
     for text in ("Paris is the [MASK] of France.", "Hello I'm a [MASK] model."):

@@ -23,6 +23,8 @@ import hfbert.platform.cpu
 from hfbert.inference import packed_layers
 from hfbert.inference.packed import PackedLinear, packing_supported
 
+from support.helpers import swap_as_at_bert_base
+
 packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 
 
@@ -38,8 +40,23 @@ def file_tensors(directory) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture
-def packed_model(bert_base_safetensors_dir) -> hfbert.BertModel:
-    return hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir), kernels="always")
+def checkpoint(layout, monkeypatch):
+    """bert-base-uncased's file layout (`layout`: small in the default run, its own size in the slow one). At the small
+    size the swap's size thresholds are lowered to a hidden x hidden layer's, as bert-base's sit: every layer bert-base
+    swaps is swapped, and the small heads stay plain."""
+    if layout.small:
+        swap_as_at_bert_base(monkeypatch, layout.config["hidden_size"])
+    return layout
+
+
+def swapped_count(layout) -> int:
+    """Six linear layers in every encoder layer, and the pooler's (bert-base: 73)."""
+    return 6 * layout.config["num_hidden_layers"] + 1
+
+
+@pytest.fixture
+def packed_model(checkpoint) -> hfbert.BertModel:
+    return hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(checkpoint.safetensors), kernels="always")
 
 
 def test_a_built_model_is_plain_pytorch():
@@ -53,9 +70,9 @@ def test_a_built_model_is_plain_pytorch():
 
 
 @packs
-def test_every_encoder_and_pooler_linear_is_swapped_and_packed(packed_model):
+def test_every_encoder_and_pooler_linear_is_swapped_and_packed(packed_model, checkpoint):
     layers = packed_layers(packed_model)
-    assert len(layers) == 12 * 6 + 1 and set(layers.values()) == {"packed"}
+    assert len(layers) == swapped_count(checkpoint) and set(layers.values()) == {"packed"}
     for name in layers:
         layer = packed_model.get_submodule(name)
         assert isinstance(layer, PackedLinear) and isinstance(layer, torch.nn.Linear) and layer.is_current
@@ -64,12 +81,12 @@ def test_every_encoder_and_pooler_linear_is_swapped_and_packed(packed_model):
 
 
 @packs
-def test_optimizing_keeps_the_parameters_an_optimizer_holds(bert_base_safetensors_dir):
+def test_optimizing_keeps_the_parameters_an_optimizer_holds(checkpoint):
     """The same Parameter objects, the same requires_grad flags, the real count; and after model.train() an
     optimizer made before optimize_for_inference trains every weight, as it trains transformers'."""
     import transformers
 
-    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
+    model = hfbert.BertModel.from_pretrained(checkpoint.safetensors)
     model.embeddings.requires_grad_(False)
     model.encoder.layer[0].attention.self.query.weight.requires_grad_(False)
     before = dict(model.named_parameters())
@@ -79,7 +96,7 @@ def test_optimizing_keeps_the_parameters_an_optimizer_holds(bert_base_safetensor
     after = dict(model.named_parameters())
     assert list(after) == list(before) and all(after[name] is before[name] for name in before)
     assert {name: parameter.requires_grad for name, parameter in after.items()} == flags
-    reference = transformers.BertModel.from_pretrained(bert_base_safetensors_dir)
+    reference = transformers.BertModel.from_pretrained(checkpoint.safetensors)
     assert model.num_parameters() == reference.num_parameters()
     assert model.num_parameters(only_trainable=True) == sum(p.numel() for p in after.values() if p.requires_grad)
     model.train()
@@ -92,8 +109,8 @@ def test_optimizing_keeps_the_parameters_an_optimizer_holds(bert_base_safetensor
 
 
 @packs
-def test_state_dict_and_save_pretrained_give_the_checkpoint(packed_model, bert_base_safetensors_dir, tmp_path):
-    stored = file_tensors(bert_base_safetensors_dir)
+def test_state_dict_and_save_pretrained_give_the_checkpoint(packed_model, checkpoint, tmp_path):
+    stored = file_tensors(checkpoint.safetensors)
     state = packed_model.state_dict()
     assert list(state) == list(hfbert.BertModel(packed_model.config).state_dict())  # same keys, same order
     for name, tensor in state.items():
@@ -105,8 +122,8 @@ def test_state_dict_and_save_pretrained_give_the_checkpoint(packed_model, bert_b
 
 
 @packs
-def test_train_and_restore_weights_give_the_plain_parameters(packed_model, bert_base_safetensors_dir):
-    stored = file_tensors(bert_base_safetensors_dir)
+def test_train_and_restore_weights_give_the_plain_parameters(packed_model, checkpoint):
+    stored = file_tensors(checkpoint.safetensors)
     packed_model.train()
     parameters = dict(packed_model.named_parameters())
     assert all(torch.equal(parameter, stored[name]) for name, parameter in parameters.items())
@@ -144,19 +161,17 @@ def test_a_refused_optimization_changes_nothing():
 
 
 @packs
-def test_load_state_dict_repacks_the_new_values(bert_base_safetensors_dir, tmp_path):
-    from support.checkpoints import write_bert_base_layout
-
-    other = write_bert_base_layout(tmp_path, seed=1)
-    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir), kernels="always")
+def test_load_state_dict_repacks_the_new_values(checkpoint, tmp_path):
+    other = checkpoint.write(tmp_path, seed=1)
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(checkpoint.safetensors), kernels="always")
     model.load_state_dict(file_tensors(tmp_path), strict=False)
-    assert len(packed_layers(model)) == 73
-    layer = "encoder.layer.3.output.dense.weight"
+    assert len(packed_layers(model)) == swapped_count(checkpoint)
+    layer = "encoder.layer.1.output.dense.weight"
     assert torch.equal(model.state_dict()[layer], other["bert." + layer])
 
 
 @packs
-def test_copies_pickles_and_moves(packed_model):
+def test_copies_pickles_and_moves(packed_model, checkpoint):
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102] * 4]))
     with torch.no_grad():
         expected = packed_model(**inputs).last_hidden_state
@@ -166,22 +181,22 @@ def test_copies_pickles_and_moves(packed_model):
         buffer.seek(0)
         unpickled = torch.load(buffer, weights_only=False)
         for model in (copied, unpickled):
-            assert len(packed_layers(model)) == 73
+            assert len(packed_layers(model)) == swapped_count(checkpoint)
             assert torch.equal(model(**inputs).last_hidden_state, expected)
         packed_model.to("cpu")  # a move that changes nothing keeps the packing
-        assert len(packed_layers(packed_model)) == 73
+        assert len(packed_layers(packed_model)) == swapped_count(checkpoint)
         packed_model.double()  # float64 cannot be packed: plain weights, exact arithmetic
         assert not packed_layers(packed_model)
         assert packed_model(**inputs).last_hidden_state.dtype == torch.float64
 
 
 @packs
-def test_gradients_through_a_packed_model_match_transformers(packed_model, bert_base_safetensors_dir):
+def test_gradients_through_a_packed_model_match_transformers(packed_model, checkpoint):
     """Eval mode with autograd on (saliency, attacks): the packed layers take the plain weight and let the
     gradient through to the inputs."""
     import transformers
 
-    reference = transformers.BertModel.from_pretrained(bert_base_safetensors_dir).eval()
+    reference = transformers.BertModel.from_pretrained(checkpoint.safetensors).eval()
     ids = torch.tensor([[101, 7592, 2088, 2003, 2307, 102]])
     gradients = []
     for model in (packed_model, reference):
@@ -193,9 +208,9 @@ def test_gradients_through_a_packed_model_match_transformers(packed_model, bert_
 
 
 @packs
-def test_the_tied_decoder_and_small_heads_stay_plain(bert_base_safetensors_dir):
+def test_the_tied_decoder_and_small_heads_stay_plain(checkpoint):
     model = hfbert.optimize_for_inference(
-        hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir), kernels="always"
+        hfbert.BertForMaskedLM.from_pretrained(checkpoint.safetensors), kernels="always"
     )
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     assert "cls.predictions.transform.dense" in packed_layers(model)
@@ -312,11 +327,11 @@ def test_malloc_settings_of_the_process_owner_win():
     [({}, 1e-5), ({"precision": "high"}, 1e-4), ({"quantize": "int8"}, 1.0)],
     ids=["packed", "fast", "int8"],
 )
-def test_a_model_loaded_under_inference_mode_is_optimized_and_runs(options, tolerance, bert_base_safetensors_dir):
+def test_a_model_loaded_under_inference_mode_is_optimized_and_runs(options, tolerance, checkpoint):
     """Inference tensors have no version counter: the swapped layers key their cache on the storage, and int8's
     shared quantization of attention's input on its identity, instead."""
     with torch.inference_mode():
-        model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
+        model = hfbert.BertModel.from_pretrained(checkpoint.safetensors)
         plain = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state
         hfbert.optimize_for_inference(model, kernels="always", **options)
         optimized = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state

@@ -18,6 +18,8 @@ import hfbert.inference.optimize as optimize
 import hfbert.inference.packed as packed
 from hfbert.inference.packed import PackedLinear, packing_supported
 
+from support.helpers import swap_as_at_bert_base
+
 packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 
 
@@ -133,9 +135,13 @@ def test_a_choice_is_measured_once_per_key():
 
 
 @packs
-def test_layers_whose_kernel_never_wins_are_not_swapped(monkeypatch, bert_base_safetensors_dir):
+def test_layers_whose_kernel_never_wins_are_not_swapped(monkeypatch, layout):
+    """bert-base-uncased's layout: small in the default run (the swap's size thresholds lowered to a hidden x hidden
+    layer's: the layers bert-base would swap are candidates), at its own size in the slow one."""
+    if layout.small:
+        swap_as_at_bert_base(monkeypatch, layout.config["hidden_size"])
     monkeypatch.setattr(optimize, "measured_choice", lambda key, candidates: (0, 0, 0))
-    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir))
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(layout.safetensors))
     assert not hfbert.inference.packed_layers(model)
     assert all(type(module) is torch.nn.Linear for module in model.modules() if isinstance(module, torch.nn.Linear))
     model = hfbert.optimize_for_inference(model, precision="high")

@@ -3,8 +3,9 @@ oneDNN kernel runs and when it must not, and how accurate the model is against e
 
 The plain model (`nn.Linear`, transformers' kernel) and the packed one must keep hfbert's fp32 error against float64
 within 1.5x of transformers' own (RMS, every hidden state; support.helpers.Accuracy) on all-MiniLM-L6-v2, the
-bert-base layout and the same with outlier dimensions, padded and padding-free, on this CPU's instruction set and,
-in a subprocess with oneDNN, MKL and ATen capped, on AVX2.
+bert-base layout and the same with outlier dimensions (small in the default run, at bert-base's size in the slow
+one), padded and padding-free, on this CPU's instruction set and, in a subprocess with oneDNN, MKL and ATen capped,
+on AVX2.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import hfbert.inference
 from hfbert.inference.packed import PackedLinear, packing_supported
 from hfbert.platform.cpu import cpu_flags
 
-from support.checkpoints import write_bert_base_layout
-from support.helpers import Accuracy, make_batches, minilm_directory
+from support.checkpoints import SMALL_LAYOUT_SHAPE, write_bert_base_layout, write_small_layout
+from support.helpers import Accuracy, make_batches, minilm_directory, swap_as_at_bert_base
 
 packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +48,8 @@ def packed_pair(features=(768, 768)) -> tuple[torch.nn.Linear, PackedLinear]:
     return reference, PackedLinear.from_linear(layer)
 
 
-def test_a_built_model_runs_f_linear_only(bert_base_safetensors_dir):
-    model = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir)
+def test_a_built_model_runs_f_linear_only(layout):
+    model = hfbert.BertModel.from_pretrained(layout.safetensors)
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]]))
     inputs["attention_mask"] = (inputs["input_ids"] != 0).long()
     linear_layers = 6 * model.config.num_hidden_layers + 1  # q, k, v, attention output, intermediate, output; pooler
@@ -58,8 +59,10 @@ def test_a_built_model_runs_f_linear_only(bert_base_safetensors_dir):
 
 
 @packs
-def test_a_packed_model_runs_onednn_in_every_large_layer(bert_base_safetensors_dir):
-    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(bert_base_safetensors_dir), kernels="always")
+def test_a_packed_model_runs_onednn_in_every_large_layer(layout, monkeypatch):
+    if layout.small:
+        swap_as_at_bert_base(monkeypatch, layout.config["hidden_size"])
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(layout.safetensors), kernels="always")
     inputs = dict(input_ids=torch.tensor([[101, 7592, 2088, 102]]))
     with torch.no_grad():
         ran = operators(lambda: model(**inputs))
@@ -163,6 +166,25 @@ def outlier_dir(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def small_outlier_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("small-layout-outliers")
+    write_small_layout(directory, outliers=True)
+    return directory
+
+
+# The checkpoints the accuracy is measured on: bert-base-uncased's layout (and the same with outlier dimensions) at
+# its own size in the slow run, at the small size in the default run (where the swap's size thresholds are lowered
+# to a hidden x hidden layer's: the same layers packed and fused).
+CHECKPOINTS = [
+    "all-MiniLM-L6-v2",
+    "small layout",
+    "small layout, outlier dimensions",
+    pytest.param("bert-base layout", marks=pytest.mark.slow),
+    pytest.param("outlier dimensions", marks=pytest.mark.slow),
+]
+
+
 # The packed and fused kernels at every row count (what kernels="measured" may pick, at its worst), and their bounds.
 OPTIMIZED = {"packed": {"kernels": "always"}, "fast": {"precision": "high", "kernels": "always"}}
 BOUNDS = {"default": 1.5, "packed": 1.5, "fast": 3.0}
@@ -170,14 +192,18 @@ BOUNDS = {"default": 1.5, "packed": 1.5, "fast": 3.0}
 
 @pytest.mark.parametrize("form", ["default", "packed", "fast"])
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
-@pytest.mark.parametrize("checkpoint", ["all-MiniLM-L6-v2", "bert-base layout", "outlier dimensions"])
-def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, bert_base_safetensors_dir, outlier_dir):
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, request, monkeypatch):
     """The default kernel, and weights packed by `hfbert.optimize_for_inference` (where this CPU can pack)."""
-    directory = {
-        "all-MiniLM-L6-v2": minilm_directory(),
-        "bert-base layout": bert_base_safetensors_dir,
-        "outlier dimensions": outlier_dir,
-    }[checkpoint]
+    fixture = {
+        "small layout": "small_layout_safetensors_dir",
+        "small layout, outlier dimensions": "small_outlier_dir",
+        "bert-base layout": "bert_base_safetensors_dir",
+        "outlier dimensions": "outlier_dir",
+    }
+    directory = request.getfixturevalue(fixture[checkpoint]) if checkpoint in fixture else minilm_directory()
+    if checkpoint.startswith("small layout"):
+        swap_as_at_bert_base(monkeypatch, SMALL_LAYOUT_SHAPE["hidden_size"])
     exact, theirs = reference_models(directory)
     ours = hfbert.BertModel.from_pretrained(directory)
     ours.padding_free = padding_free
@@ -200,10 +226,10 @@ def test_fp32_is_as_accurate_as_transformers(checkpoint, padding_free, form, ber
     assert not failures, failures
 
 
-def test_default_masked_lm_logits_are_as_accurate_as_transformers(bert_base_safetensors_dir):
+def test_default_masked_lm_logits_are_as_accurate_as_transformers(layout):
     """The decoder (hidden -> 30,522 logits, tied to the word embeddings) too."""
-    exact, theirs = reference_models(bert_base_safetensors_dir, "BertForMaskedLM")
-    ours = hfbert.BertForMaskedLM.from_pretrained(bert_base_safetensors_dir).eval()
+    exact, theirs = reference_models(layout.safetensors, "BertForMaskedLM")
+    ours = hfbert.BertForMaskedLM.from_pretrained(layout.safetensors).eval()
     # The first test batch is right-padded: the padding-free path.
     batch = make_batches(ours.config.vocab_size, ours.config.type_vocab_size, ours.config.hidden_size)[0]
     with torch.no_grad():
@@ -220,7 +246,8 @@ def test_fp32_is_as_accurate_as_transformers_on_avx2(tmp_path):
     fails real port bugs)."""
     command = [sys.executable, "-m", "benchmarks.numerical_contract", "--isa", "AVX2"]
     command += ["--checkpoints", "minilm,bert-base,outlier", "--kernels", "standard,packed,fast", "--dtypes", "float32"]
-    command += ["--texts", "8", "--json", str(tmp_path / "contract.json")]
+    # 32 texts: the pooler is one row per text, and its RMS ratio over 8 rows swings past the bound by chance.
+    command += ["--texts", "32", "--json", str(tmp_path / "contract.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "contract.json").read_text())[0]

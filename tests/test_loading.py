@@ -47,8 +47,8 @@ def test_key_map_turns_bert_base_layout_into_transformers_names():
     assert len(ignored) == 7
 
 
-def test_bert_base_layout_report(bert_base_safetensors_dir):
-    model, info = hfbert.BertModel.from_pretrained(bert_base_safetensors_dir, output_loading_info=True)
+def test_bert_base_layout_report(layout):
+    model, info = hfbert.BertModel.from_pretrained(layout.safetensors, output_loading_info=True)
     report = info["report"]
     assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"], info["error_msgs"]) == (
         set(),
@@ -56,16 +56,17 @@ def test_bert_base_layout_report(bert_base_safetensors_dir):
         set(),
         [],
     )
-    assert len(report.loaded) == 199 and len(report.ignored_by_design) == 7
-    assert len(report.renamed) == 199  # every backbone tensor has the bert. prefix; 50 are gamma/beta too
+    backbone = 5 + 16 * layout.config["num_hidden_layers"] + 2  # embeddings, 16 a layer, pooler: 199 in bert-base
+    assert len(report.loaded) == backbone and len(report.ignored_by_design) == 7
+    assert len(report.renamed) == backbone  # every backbone tensor has the bert. prefix; some are gamma/beta too
     assert "ignored by design" in str(report) and "pre-training head" in str(report)
     assert not model.training
 
 
-def test_pickle_checkpoint_with_shared_decoder_storage(bert_base_pickle_dir, bert_base_safetensors_dir):
-    model, info = hfbert.BertModel.from_pretrained(bert_base_pickle_dir, output_loading_info=True)
+def test_pickle_checkpoint_with_shared_decoder_storage(layout):
+    model, info = hfbert.BertModel.from_pretrained(layout.pickle, output_loading_info=True)
     assert len(info["report"].ignored_by_design) == 8  # 7 cls.* tensors + the tied decoder weight
-    assert max_difference(our_output(model), reference_output(bert_base_safetensors_dir)) <= 1e-5
+    assert max_difference(our_output(model), reference_output(layout.safetensors)) <= 1e-5
 
 
 @pytest.mark.parametrize("wrapper", ["module.", "_orig_mod.", "_orig_mod.module.", "module.bert."])
@@ -183,6 +184,7 @@ def test_no_random_initialisation(monkeypatch):
     assert torch.equal(model.embeddings.word_embeddings.weight, stored["embeddings.word_embeddings.weight"])
 
 
+@pytest.mark.slow  # a fresh process loading bert-base; test_loaded_parameters_are_views_of_the_mapped_file in-process
 def test_loading_maps_the_file_instead_of_copying(bert_base_safetensors_dir):
     # In a fresh process: private (anonymous) memory grows by far less than the 440 MB file, since parameters are
     # views of the memory-mapped file (a copy, or a random init followed by a copy, would add at least 440 MB).
@@ -199,6 +201,20 @@ print(resident_mb() - before)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     growth_mb = float(result.stdout.strip().splitlines()[-1])
     assert growth_mb < 50, f"loading a 440 MB checkpoint grew private memory by {growth_mb:.0f} MB"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the mappings in /proc/self/maps")
+def test_loaded_parameters_are_views_of_the_mapped_file(small_layout_safetensors_dir):
+    """In-process, on the small layout: every parameter's memory lies in a mapping of model.safetensors, so loading
+    copies nothing (test_loading_maps_the_file_instead_of_copying measures it on bert-base in a fresh process)."""
+    model = hfbert.BertModel.from_pretrained(small_layout_safetensors_dir)
+    path = str((small_layout_safetensors_dir / "model.safetensors").resolve())
+    with open("/proc/self/maps") as maps:
+        lines = [line.split() for line in maps if line.rstrip().endswith(" " + path)]
+    ranges = [tuple(int(bound, 16) for bound in line[0].split("-")) for line in lines]
+    assert ranges, path
+    for name, parameter in model.named_parameters():
+        assert any(start <= parameter.data_ptr() < end for start, end in ranges), name
 
 
 def test_missing_pooler_strict_and_not_strict(tmp_path):

@@ -8,6 +8,8 @@ holds BERT's contracts, element-wise against transformers' MPNet models given th
   batches (the position bias is cut per bucket in one, added whole in the other), for the model and every head;
 - the fused block follows its weights as BERT's does (test_optimized_follows_weights.py): changed weights,
   `load_state_dict`, moves, hooks on its projections and on `o`, PEFT's LoRA, copies;
+- every test of a mode at two widths: 64 in the default run (the size thresholds lowered so that the same layers
+  are swapped), bert-base's in the slow one;
 - slow: the real all-mpnet-base-v2 on real texts, and the compiled int8 path (the bias computed inside the graph).
 
 The weights are random and far from transformers' init, and the position bias is drawn large (std 1, as large as
@@ -19,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
+import sys
 
 import pytest
 import torch
@@ -31,17 +34,26 @@ from hfbert.inference import packed_layers
 from hfbert.inference.int8 import int8_available
 from hfbert.inference.packed import packing_supported
 
-from support.helpers import Accuracy, randomize_weights
-from support.mpnet import TINY
+from support.helpers import Accuracy, randomize_weights, swap_as_at_bert_base
+from support.members import tiny_config
 
 int8 = pytest.mark.skipif(not int8_available(), reason="this torch build or CPU has no oneDNN int8 inner product")
 packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
-# tests/support/mpnet.py's tiny MPNet at bert-base's width: the default mode packs layers of at least 2**19 weights
-# (MIN_PACKED_WEIGHTS); a small vocabulary keeps the embeddings cheap.
-SHAPE = {**TINY, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 1000}
+# The family's tiny MPNet (support.members) with a small vocabulary, at two widths: 64 in the default run, where the
+# size thresholds (MIN_PACKED_WEIGHTS 2**19, MIN_INT8_WEIGHTS 2**16) are lowered to a 64 x 64 layer's so that every
+# mode swaps what it swaps at bert-base's width; and bert-base's width itself (the thresholds as they are) in the slow
+# run.
+# Every test of a mode runs at both (`modes`); the others at bert-base's width.
+BASE_SHAPE = tiny_config("mpnet", vocab_size=1000, max_position_embeddings=514)
+SHAPES = {
+    "tiny": {**BASE_SHAPE, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128},
+    "bert-base width": {**BASE_SHAPE, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
+}
 # randomize_weights draws std 0.1, which at bert-base's width makes each query's scores peak on one key (any rounding
 # then flips the softmax); linear weights at a trained model's scale (std 0.02) keep the scores within a few units.
-LINEAR_SCALE = 0.2
+# At width 64 std 0.1 keeps them so.
+LINEAR_SCALES = {"tiny": 1.0, "bert-base width": 0.2}
+SHAPE = SHAPES["bert-base width"]
 # mode -> its options, and its contract: the ratio to transformers' RMS error against float64 (None: int8, lossy).
 MODES = {
     "highest": (dict(kernels="always"), 1.5),
@@ -75,32 +87,51 @@ TASKS = ["ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "
 
 
 def modes(*names: str):
+    """The test for each mode in `names`, at each width: tiny in the default run, bert-base's in the slow one."""
     marks = {"int8": int8, "high": packs, "highest": packs}
-    return pytest.mark.parametrize("mode", [pytest.param(name, marks=marks[name]) for name in names])
+    by_mode = pytest.mark.parametrize("mode", [pytest.param(name, marks=marks[name]) for name in names])
+    widths = ["tiny", pytest.param("bert-base width", marks=pytest.mark.slow)]
+    by_width = pytest.mark.parametrize("width", widths, indirect=True)
+    return lambda test: by_width(by_mode(test))
+
+
+@pytest.fixture(autouse=True)
+def width(request, monkeypatch) -> str:
+    """The width the test's models are built at (`SHAPE`): its parameter, bert-base's by default. At the tiny width
+    the thresholds are a hidden x hidden layer's, as they sit at bert-base's width."""
+    name = getattr(request, "param", "bert-base width")
+    monkeypatch.setattr(sys.modules[__name__], "SHAPE", SHAPES[name])
+    if name == "tiny":
+        swap_as_at_bert_base(monkeypatch, SHAPES[name]["hidden_size"])
+    return name
 
 
 def mpnet_pair(task: str = "Model", seed: int = 0, **fields):
     """transformers' `MPNet<task>` with random weights and a large position bias, and hfbert's with the same
     weights, both in eval mode (copies: each test changes its own)."""
-    return copy.deepcopy(_drawn_pair(task, seed, tuple(sorted(fields.items()))))
+    return copy.deepcopy(_drawn_pair(task, seed, tuple(sorted({**SHAPE, **fields}.items()))))
 
 
 @functools.cache
 def _drawn_pair(task: str, seed: int, fields: tuple):
     import transformers
 
-    config = {**SHAPE, **dict(fields)}
+    config = dict(fields)
     torch.manual_seed(seed)
     reference = getattr(transformers, f"MPNet{task}")(transformers.MPNetConfig(**config))
     randomize_weights(reference).eval()
     with torch.no_grad():
         for layer in reference.modules():
             if isinstance(layer, torch.nn.Linear):
-                layer.weight.mul_(LINEAR_SCALE)
+                layer.weight.mul_(LINEAR_SCALES[width_of(config)])
         reference.base_model.encoder.relative_attention_bias.weight.normal_(0.0, 1.0)
     model = getattr(hfbert, f"MPNet{task}")(hfbert.MPNetConfig(**config)).eval()
     model.load_state_dict(reference.state_dict())
     return model, reference
+
+
+def width_of(config: dict) -> str:
+    return next(name for name, shape in SHAPES.items() if shape["hidden_size"] == config["hidden_size"])
 
 
 def optimized_pair(mode: str, task: str = "Model", seed: int = 0, **fields):

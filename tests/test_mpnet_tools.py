@@ -1,6 +1,7 @@
 """fill-mask, convert and inspect on MPNet checkpoints (issue #42), each against transformers loading the same folder,
-element-wise. The checkpoints are transformers' own MPNet classes with random weights (`support.mpnet`) and
-all-mpnet-base-v2's tokenizer (the `real_mpnet` fixture, read-only), so `<mask>` is MPNet's real mask token."""
+element-wise (what every member's convert and inspect do: test_family_conformance.py). The checkpoints are
+transformers' own MPNet classes with random weights (`support.mpnet`) and all-mpnet-base-v2's tokenizer (the
+`real_mpnet` fixture, read-only), so `<mask>` is MPNet's real mask token."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import hfbert
 from converters.errors import CheckpointError
 from hfbert.cli import main
 from hfbert.tools.convert import convert
@@ -22,14 +22,6 @@ from support.mpnet import tiny_mpnet_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
-TASKS = [
-    "ForMaskedLM",
-    "ForSequenceClassification",
-    "ForTokenClassification",
-    "ForQuestionAnswering",
-    "ForMultipleChoice",
-    "Model",
-]
 # <mask> between words, first, and glued to a word (it takes the space before it: MPNet's lstrip).
 MASKED = ["Paris is the <mask> of France.", "<mask> is a city in Europe.", "A sentence ending in a<mask>."]
 
@@ -46,21 +38,6 @@ def mpnet_folders(real_mpnet, tmp_path_factory):
         return folders[task]
 
     return folder
-
-
-def batch() -> dict[str, torch.Tensor]:
-    """Two right-padded rows of all-mpnet-base-v2's ids (<s> = 0, <pad> = 1, </s> = 2)."""
-    ids = torch.tensor([[0, 3004, 2007, 2000, 30526, 2001, 2609, 1016, 2], [0, 2023, 2003, 1037, 3231, 2, 1, 1, 1]])
-    return {"input_ids": ids, "attention_mask": (ids != 1).long()}
-
-
-def outputs(directory, task: str) -> torch.Tensor:
-    model_class = getattr(transformers, f"MPNet{task}")
-    inputs = batch()
-    if task == "ForMultipleChoice":
-        inputs = {name: tensor[None] for name, tensor in inputs.items()}
-    with torch.no_grad():
-        return model_class.from_pretrained(directory).eval()(**inputs)[0]
 
 
 def test_fill_mask_equals_transformers_pipeline(mpnet_folders, capsys):
@@ -80,31 +57,6 @@ def test_fill_mask_names_mpnets_mask_token_and_head(mpnet_folders, capsys):
     assert "exactly one '<mask>' in the text, found 0" in capsys.readouterr().err
     assert main(["fill-mask", str(mpnet_folders("Model")), "Paris is the <mask> of France."]) != 0
     assert "no lm_head.* tensors" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("task", TASKS)
-def test_convert_writes_transformers_layout_and_back(task, mpnet_folders, tmp_path):
-    """transformers' layout -> convert -> the same names (`mpnet.` prefix, lm_head / classifier heads, no tied
-    decoder; no prefix for a backbone), outputs identical in transformers; converting the result again, or hfbert's
-    own save of what it loads from it, gives the same tensors back."""
-    directory = mpnet_folders(task)
-    convert(directory, tmp_path / "converted")
-    source = load_file(directory / "model.safetensors")
-    written = load_file(tmp_path / "converted" / "model.safetensors")
-    assert sorted(written) == sorted(source)
-    assert all(torch.equal(written[name], source[name]) for name in source)
-    assert torch.equal(outputs(tmp_path / "converted", task), outputs(directory, task))
-    assert json.loads((tmp_path / "converted" / "config.json").read_text())["model_type"] == "mpnet"
-
-    convert(tmp_path / "converted", tmp_path / "again")
-    again = tmp_path / "again" / "model.safetensors"
-    assert again.read_bytes() == (tmp_path / "converted" / "model.safetensors").read_bytes()
-
-    hfbert_task = {"Model": "AutoModel"}.get(task, f"AutoModel{task}")
-    getattr(hfbert, hfbert_task).from_pretrained(tmp_path / "converted").save_pretrained(tmp_path / "saved")
-    saved = load_file(tmp_path / "saved" / "model.safetensors")
-    assert sorted(saved) == sorted(source)
-    assert all(torch.equal(saved[name], source[name]) for name in source)
 
 
 def test_convert_a_legacy_file_to_transformers_layout(mpnet_folders, tmp_path):

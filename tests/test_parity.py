@@ -156,10 +156,9 @@ def test_real_minilm_weights(ours, reference, padding_free):
 @pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
 @pytest.mark.parametrize("ours,reference", IMPLEMENTATION_PAIRS)
 @pytest.mark.parametrize("file_format", ["safetensors", "pickle"])
-def test_bert_base_uncased_layout(
-    file_format, ours, reference, padding_free, bert_base_safetensors_dir, bert_base_pickle_dir
-):
-    directory = bert_base_safetensors_dir if file_format == "safetensors" else bert_base_pickle_dir
+def test_bert_base_uncased_layout(file_format, ours, reference, padding_free, layout):
+    """bert-base-uncased's file layout: small in the default run, at its own size in the slow one."""
+    directory = layout.safetensors if file_format == "safetensors" else layout.pickle
     compare(*on_path(load_pair(directory, ours, reference), padding_free), directory)
 
 

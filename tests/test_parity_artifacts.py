@@ -232,6 +232,15 @@ def test_an_artifact_that_is_not_a_bert_encoder_is_one_clear_error(kind, small, 
     assert len(error) == 1 and str(path) in error[0] and expected in error[0], error
 
 
+def test_a_missing_engine_exits_2_naming_the_extra_in_process(small, capsys, monkeypatch):
+    """The test below in-process: onnxruntime made unimportable."""
+    checkpoint, built = small
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert main(["parity", str(checkpoint), "--artifact", str(built["exact"])]) == 2
+    assert "pip install 'hfbert[deploy]'" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh process; in-process: the test above
 def test_a_missing_engine_exits_2_naming_the_extra(small):
     checkpoint, built = small
     for module, path in (("onnxruntime", built["exact"]),):

@@ -1,8 +1,10 @@
-"""RoBERTa, XLM-RoBERTa and CamemBERT on hfbert's one model, element-wise against transformers' own classes.
+"""What only the RoBERTa family (RoBERTa, XLM-RoBERTa, CamemBERT) has, element-wise against transformers' own
+classes: positions counted after the padding index (from `inputs_embeds`, explicit, restarting for every sequence of
+a padding-free batch, in the fast paths), the refusals between BERT's and RoBERTa's layouts, and the limits.
 
 Checkpoints are written by transformers (random weights far from its init, so every difference shows) and loaded by
-hfbert; every output of every head is compared, in both attention kernels, with right and left padding, from
-`inputs_embeds`, and padding-free (the path where RoBERTa ports ship shifted positions).
+hfbert. Every head of every member against transformers, padded and padding-free, in both attention kernels, with
+training and saving: test_family_conformance.py.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 import hfbert
-from hfbert.modeling.model import positions_after_padding
+from hfbert.modeling.positions import positions_after_padding
 
 from support.family import TINY
 from support.helpers import randomize_weights
@@ -27,7 +29,6 @@ FAMILY = {
     "xlm-roberta": ("XLMRoberta", transformers.XLMRobertaConfig),
     "camembert": ("Camembert", transformers.CamembertConfig),
 }
-TASKS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
 PAD = 1
 
 
@@ -52,81 +53,6 @@ def batch(padding: str) -> dict[str, torch.Tensor]:
         ids = [[PAD] * (width - len(row)) + row for row in rows]
     input_ids = torch.tensor(ids)
     return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long()}
-
-
-def assert_outputs_equal(expected, actual, mask: torch.Tensor, atol: float = 1e-5) -> None:
-    """Every tensor field of transformers' output against hfbert's, at real positions (hfbert's padding-free path
-    leaves pad positions zero)."""
-    for field, value in expected.items():
-        other = actual[field]
-        if isinstance(value, tuple):
-            for index, (left, right) in enumerate(zip(value, other, strict=True)):
-                assert_close(left, right, mask, f"{field}[{index}]", atol)
-        elif value is not None:
-            assert_close(value, other, mask, field, atol)
-
-
-def assert_close(expected: torch.Tensor, actual: torch.Tensor, mask: torch.Tensor, name: str, atol: float) -> None:
-    assert expected.shape == actual.shape, name
-    if expected.dim() >= 2 and tuple(expected.shape[:2]) == tuple(mask.shape) and expected.dim() != 4:
-        expected, actual = expected[mask.bool()], actual[mask.bool()]
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=1e-5, msg=lambda message: f"{name}: {message}")
-
-
-@pytest.mark.parametrize("member", FAMILY)
-@pytest.mark.parametrize("task", TASKS)
-def test_every_head_equals_transformers(tmp_path, member, task):
-    reference, model, _ = checkpoint(tmp_path, member, task)
-    assert type(model).__name__ == type(reference).__name__
-    assert sorted(model.state_dict()) == sorted(reference.state_dict())
-    for padding in ("right", "left"):
-        inputs = batch(padding)
-        with torch.no_grad():
-            expected = reference(**inputs, output_hidden_states=True)
-            actual = model(**inputs, output_hidden_states=True)
-        assert_outputs_equal(expected, actual, inputs["attention_mask"])
-
-
-def test_multiple_choice_equals_transformers(tmp_path):
-    reference, model, _ = checkpoint(tmp_path, "roberta", "ForMultipleChoice")
-    input_ids = batch("right")["input_ids"][None].repeat(2, 1, 1)
-    labels = torch.tensor([0, 2])
-    with torch.no_grad():
-        expected = reference(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), labels=labels)
-        actual = model(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), labels=labels)
-    torch.testing.assert_close(actual.logits, expected.logits, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_attentions_and_losses_equal_transformers_in_both_kernels(tmp_path, implementation):
-    reference, model, _ = checkpoint(tmp_path, "roberta", "ForMaskedLM")
-    reference.set_attn_implementation(implementation)
-    model.set_attn_implementation(implementation)
-    inputs = batch("right")
-    labels = torch.where(inputs["attention_mask"].bool(), inputs["input_ids"], -100)
-    with torch.no_grad():
-        expected = reference(**inputs, labels=labels, output_attentions=implementation == "eager")
-        actual = model(**inputs, labels=labels, output_attentions=implementation == "eager")
-    assert_outputs_equal(expected, actual, inputs["attention_mask"])
-    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-5)
-
-
-def test_sequence_classification_loss_and_gradients_equal_transformers(tmp_path):
-    reference, model, _ = checkpoint(
-        tmp_path, "roberta", "ForSequenceClassification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
-    reference.train(), model.train()
-    inputs = batch("right")
-    labels = torch.tensor([0, 2, 1])
-    expected = reference(**inputs, labels=labels)
-    actual = model(**inputs, labels=labels)
-    expected.loss.backward(), actual.loss.backward()
-    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-6, rtol=1e-5)
-    gradients = dict(reference.named_parameters())
-    for name, parameter in model.named_parameters():
-        # The pad position's row gets no gradient in either (padding_idx), all others the same.
-        torch.testing.assert_close(parameter.grad, gradients[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_positions_from_inputs_embeds_and_explicit_positions_equal_transformers(tmp_path):
@@ -223,24 +149,6 @@ def test_compiled_int8_path_runs_roberta_positions(tmp_path):
     compiled_error = float((ours[real] - expected[real]).square().mean().sqrt())
     assert compiled_error <= 1.5 * eager_error + 1e-6
     assert torch.equal(ours[~real], torch.zeros_like(ours[~real]))
-
-
-def test_save_pretrained_loads_back_in_transformers(tmp_path):
-    reference, model, _ = checkpoint(tmp_path, "xlm-roberta", "ForMaskedLM")
-    model.save_pretrained(tmp_path / "saved")
-    reloaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "saved").eval()
-    inputs = batch("right")
-    with torch.no_grad():
-        torch.testing.assert_close(reloaded(**inputs).logits, reference(**inputs).logits, atol=0, rtol=0)
-    assert json.loads((tmp_path / "saved" / "config.json").read_text())["model_type"] == "xlm-roberta"
-
-
-def test_auto_model_picks_the_family_class(tmp_path):
-    _, _, directory = checkpoint(tmp_path, "camembert", "ForQuestionAnswering")
-    assert type(hfbert.AutoModel.from_pretrained(directory, add_pooling_layer=False)).__name__ == "CamembertModel"
-    assert type(hfbert.AutoModelForQuestionAnswering.from_pretrained(directory)).__name__ == (
-        "CamembertForQuestionAnswering"
-    )
 
 
 def test_a_roberta_config_with_bert_weights_is_refused_naming_both(tmp_path):

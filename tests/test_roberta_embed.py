@@ -2,7 +2,8 @@
 `SentenceTransformer.encode` loading the same folder: multilingual-e5's "query: " / "passage: " prompts, bge-m3's
 CLS pooling + Normalize, paraphrase-multilingual's mean pooling. Folders are written by sentence-transformers itself
 (`models.Transformer` on a saved random transformers model, `SentenceTransformer(modules=...).save`), and a
-max_seq_length of 24 makes truncation run."""
+max_seq_length of 24 makes truncation run. Every member's backbone under mean pooling and Normalize:
+test_family_conformance.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ PIPELINES = {  # name -> (member, pooling, normalize, prompts)
     "multilingual-e5": ("xlm-roberta", "mean", True, {"query": "query: ", "passage": "passage: "}),
     "bge-m3": ("xlm-roberta", "cls", True, None),
     "paraphrase-multilingual": ("xlm-roberta", "mean", False, None),
-    "distilroberta-mean": ("roberta", "mean", True, None),
 }
 
 

@@ -527,7 +527,7 @@ HUGE_CASES = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # 4 GiB: a real allocation fails, loudly
     import torch
     import hfbert
-    from hfbert.modeling.config import _MAX_LAYERS, _MAX_SIZE
+    from hfbert.modeling.config import MAX_LAYERS, MAX_SIZE
 
     single, pickled = Path(sys.argv[1]), Path(sys.argv[2])
     raw = (single / "model.safetensors").read_bytes()
@@ -563,15 +563,15 @@ HUGE_CASES = textwrap.dedent(
     }
     for field, value, extra in [
         ("vocab_size", 10**12, {}),
-        ("vocab_size", _MAX_SIZE, {}),  # at the limit: built on the meta device, then the shape check fails
+        ("vocab_size", MAX_SIZE, {}),  # at the limit: built on the meta device, then the shape check fails
         ("hidden_size", 10**12, {"num_attention_heads": 1}),
-        ("hidden_size", _MAX_SIZE, {"num_attention_heads": 1}),
+        ("hidden_size", MAX_SIZE, {"num_attention_heads": 1}),
         ("hidden_size", 10**30, {"num_attention_heads": 1}),
         ("intermediate_size", 10**12, {}),
         ("max_position_embeddings", 10**12, {}),
         ("type_vocab_size", 2**40, {}),
         ("num_hidden_layers", 10**9, {}),
-        ("num_hidden_layers", _MAX_LAYERS, {}),  # at the limit: under a second on the meta device
+        ("num_hidden_layers", MAX_LAYERS, {}),  # at the limit: under a second on the meta device
         ("num_labels", 10**12, {}),
     ]:
         cases[f"config {field}={value}"] = ("config.json", json.dumps({**config, **extra, field: value}).encode())

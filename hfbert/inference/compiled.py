@@ -325,17 +325,19 @@ _PADDED = ("input_ids", "attention_mask", "token_type_ids", "position_ids")  # t
 
 def _bound(model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """A call's arguments by name, bound by the model's own forward signature (MPNet's has no `token_type_ids`, and
-    another positional order); None where they do not bind, or where the call gives token types a model without them
-    takes by keyword only to check them (MPNet's `without_token_types`): the eager forward runs, and says why."""
+    another positional order); None where they do not bind, or where the call gives a value to a keyword the
+    signature does not name (MPNet takes token types only to check them): the eager forward runs, and says why."""
     signature = _signature(type(model))
-    if "token_type_ids" not in signature.parameters and "token_type_ids" in kwargs:
-        if kwargs["token_type_ids"] is not None:
-            return None
-        kwargs = {name: value for name, value in kwargs.items() if name != "token_type_ids"}
     try:
-        return signature.bind(model, *args, **kwargs).arguments
+        arguments = signature.bind(model, *args, **kwargs).arguments
     except TypeError:
         return None
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = arguments.pop(parameter.name, {})
+            if any(value is not None for value in extra.values()):
+                return None
+    return arguments
 
 
 @functools.cache

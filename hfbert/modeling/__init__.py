@@ -1,17 +1,23 @@
-"""The model floor: what a BERT checkpoint becomes in PyTorch, in plain modules.
+"""The model floor: what a checkpoint of the family becomes in PyTorch, in plain modules.
 
-- `config.py`: `BertConfig`, the typed mirror of config.json;
-- `model.py`: `BertModel`, the encoder top to bottom (embeddings, layers, pooler);
+- `family.py`: the family table, one `Member` row per model_type; every registry is read from it;
+- `config.py`: `BertConfig`, the typed mirror of config.json (a member's config class lives in its model file);
+- `model.py`: `BertModel`, the encoder top to bottom (embeddings, layers, pooler), and the layer protocol;
+- `roberta.py`: RoBERTa, XLM-RoBERTa and CamemBERT, BERT with named differences, and their heads;
+- `mpnet.py`: MPNet, BERT's encoder with other names and a relative-position bias, and its heads;
+- `heads.py`: BERT's task models (`BertForMaskedLM`, ...);
+- `auto.py`: `AutoModel*`, the class config.json's model_type names;
 - `attention.py`: multi-head attention, eager and sdpa;
-- `padding.py`: padded and padding-free batch layouts, and which one a call runs;
-- `heads.py`: the task models (`BertForMaskedLM`, ...);
+- `positions.py`: position schemes (absolute, after the padding index);
+- `relative_position.py`: MPNet's relative-position buckets and bias;
+- `padding.py`: padded and padding-free batch layouts, the attention context they carry, and which one a call runs;
 - `pretrained.py`: what every model shares with transformers' (`from_pretrained`, `save_pretrained`, tying,
   resizing, checkpointing);
 - `checkpointing.py`: `Checkpointing`, which encoder layers are recomputed in the backward pass, and how;
 - `inputs.py`, `outputs.py`, `activations.py`: argument checks, output classes, `hidden_act` formulas;
-- `tokenizer.py`: `BertTokenizer`, the checkpoint's WordPiece tokenizer;
-- `cpu.py`: what this CPU computes natively (the bf16 warning and the inference floor read it).
-- `mkl.py`: MKL's fast branch on AMD CPUs (`MKL_CBWR`), chosen when `import hfbert` runs.
+- `tokenizer.py`, `tokenizer_files.py`: the checkpoint's tokenizer (WordPiece, byte-level BPE, SentencePiece) and
+  what its files say.
 
-It imports the checkpoint floor (`converters`) below it and nothing above it: no inference kernel, no tool.
+It imports the checkpoint floor (`converters`) and the platform floor below it and nothing above it: no inference
+kernel, no tool.
 """

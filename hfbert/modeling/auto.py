@@ -11,41 +11,13 @@ import os
 from typing import Any, ClassVar
 
 from converters.hub import CONFIG_FILE, resolve_checkpoint
-from hfbert.modeling import heads, mpnet, roberta
 from hfbert.modeling.config import BertConfig, ConfigError
-from hfbert.modeling.model import BertModel
+from hfbert.modeling.family import MEMBERS
 from hfbert.modeling.pretrained import BertPreTrainedModel
 
-# model_type -> task -> class. A task a family has no class for (BERT's next-sentence head on RoBERTa) is absent.
-MODEL_CLASSES: dict[str, dict[str, type[BertPreTrainedModel]]] = {
-    "bert": {
-        "model": BertModel,
-        "pretraining": heads.BertForPreTraining,
-        "masked-lm": heads.BertForMaskedLM,
-        "next-sentence": heads.BertForNextSentencePrediction,
-        "sequence-classification": heads.BertForSequenceClassification,
-        "token-classification": heads.BertForTokenClassification,
-        "question-answering": heads.BertForQuestionAnswering,
-        "multiple-choice": heads.BertForMultipleChoice,
-    },
-}
-for _model_type, _prefix in (("roberta", "Roberta"), ("xlm-roberta", "XLMRoberta"), ("camembert", "Camembert")):
-    MODEL_CLASSES[_model_type] = {
-        "model": getattr(roberta, f"{_prefix}Model"),
-        "masked-lm": getattr(roberta, f"{_prefix}ForMaskedLM"),
-        "sequence-classification": getattr(roberta, f"{_prefix}ForSequenceClassification"),
-        "token-classification": getattr(roberta, f"{_prefix}ForTokenClassification"),
-        "question-answering": getattr(roberta, f"{_prefix}ForQuestionAnswering"),
-        "multiple-choice": getattr(roberta, f"{_prefix}ForMultipleChoice"),
-    }
-MODEL_CLASSES["mpnet"] = {
-    "model": mpnet.MPNetModel,
-    "masked-lm": mpnet.MPNetForMaskedLM,
-    "sequence-classification": mpnet.MPNetForSequenceClassification,
-    "token-classification": mpnet.MPNetForTokenClassification,
-    "question-answering": mpnet.MPNetForQuestionAnswering,
-    "multiple-choice": mpnet.MPNetForMultipleChoice,
-}
+# model_type -> task -> class, from the family table. A task a member has no class for (BERT's next-sentence head on
+# RoBERTa) is absent.
+MODEL_CLASSES: dict[str, dict[str, type[BertPreTrainedModel]]] = {row.model_type: row.classes for row in MEMBERS}
 
 
 def model_class(config: BertConfig, task: str = "model") -> type[BertPreTrainedModel]:
@@ -75,7 +47,8 @@ class AutoModel:
                 include_weights=False,
                 subfolder=kwargs.get("subfolder", ""),
             )
-            config = BertConfig.from_json_file(directory / CONFIG_FILE)
+            # Read once: the class's loader takes it as `config=` and keeps its source for its messages.
+            kwargs["config"] = config = BertConfig.from_json_file(directory / CONFIG_FILE)
         elif not isinstance(config, BertConfig):
             config = BertConfig.from_object(config)
         return model_class(config, cls.task).from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)

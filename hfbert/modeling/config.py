@@ -24,8 +24,9 @@ from typing import Any, ClassVar
 import torch
 
 from converters.json_files import read_json
-from converters.key_map import LAYOUTS
+from converters.key_map import BERT_KEYS, KeyLayout
 from hfbert.modeling.activations import ACTIVATIONS
+from hfbert.modeling.positions import AbsolutePositions, PositionScheme
 
 
 class ConfigError(ValueError):
@@ -102,6 +103,21 @@ class BertConfig:
     torch_dtype: InitVar[torch.dtype | str | None] = None
     # transformers' composite-model hook: a BERT config holds no nested configs.
     sub_configs: ClassVar[dict[str, type]] = {}
+    # What reading this member's files needs below the family table (family.py): how it counts positions
+    # (positions.py) and how its checkpoints name their tensors (converters.key_map). A member's class sets its own.
+    positions: ClassVar[PositionScheme] = AbsolutePositions()
+    key_layout: ClassVar[KeyLayout] = BERT_KEYS
+    # model_type -> config class: each member's class enters itself when it is defined (`__init_subclass__`), so
+    # that a file is read into its member's class, as transformers' AutoConfig does, without this class naming any.
+    members: ClassVar[dict[str, type[BertConfig]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Only a class that declares its own model_type is a member's; a user's subclass of a member's config
+        # (no model_type of its own) changes nothing.
+        model_type = cls.__dict__.get("model_type")
+        if isinstance(model_type, str):
+            BertConfig.members.setdefault(model_type, cls)
 
     def __post_init__(self, attn_implementation: str | None, torch_dtype: torch.dtype | str | None) -> None:
         if attn_implementation is not None:
@@ -114,7 +130,7 @@ class BertConfig:
             raise self._fail("id2label", f"must be an object of label index -> name, got {self.id2label!r}")
         if self.id2label is None or (self.num_labels is not None and self.num_labels != len(self.id2label)):
             count = self.num_labels if self.num_labels is not None else 2
-            if not _is_integer(count) or not 0 < count <= _MAX_LABELS:
+            if not is_integer(count) or not 0 < count <= _MAX_LABELS:
                 raise self._fail("num_labels", f"must be an integer in [1, {_MAX_LABELS}], got {count!r}")
             self.id2label = {index: f"LABEL_{index}" for index in range(count)}
             self.label2id = None
@@ -141,7 +157,7 @@ class BertConfig:
         # As transformers' `num_labels` setter: a new count after construction makes new labels (LABEL_0, ...), so
         # config.json (which stores id2label, not num_labels) describes the head the model builds.
         constructed = self.__dict__.get("_constructed", False)
-        if name == "num_labels" and constructed and _is_integer(value) and 0 < value != len(self.id2label or {}):
+        if name == "num_labels" and constructed and is_integer(value) and 0 < value != len(self.id2label or {}):
             super().__setattr__("id2label", {index: f"LABEL_{index}" for index in range(value)})
             super().__setattr__("label2id", {f"LABEL_{index}": index for index in range(value)})
 
@@ -163,9 +179,9 @@ class BertConfig:
         """Raise `ConfigError` naming the first field that cannot describe a BERT encoder."""
         for name in _POSITIVE_INTEGERS:
             value = getattr(self, name)
-            if not _is_integer(value) or value <= 0:
+            if not is_integer(value) or value <= 0:
                 raise self._fail(name, f"must be a positive integer, got {value!r}")
-            limit = _MAX_LAYERS if name == "num_hidden_layers" else _MAX_SIZE
+            limit = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
             if value > limit:
                 raise self._fail(name, f"is {value}; hfbert supports at most {limit} (is config.json corrupt?)")
         for name in _PROBABILITIES:
@@ -197,14 +213,14 @@ class BertConfig:
         # task models for any falsy value (`wants_tuple`, heads.py).
         if self.return_dict not in (True, False, None) or isinstance(self.return_dict, float):
             raise self._fail("return_dict", f"must be true or false, got {self.return_dict!r}")
-        if not _is_integer(self.chunk_size_feed_forward) or self.chunk_size_feed_forward < 0:
+        if not is_integer(self.chunk_size_feed_forward) or self.chunk_size_feed_forward < 0:
             raise self._fail(
                 "chunk_size_feed_forward", f"must be a non-negative integer, got {self.chunk_size_feed_forward!r}"
             )
         if self.dtype is not None:
             self._torch_dtype(self.dtype)
         if self.pad_token_id is not None and (
-            not _is_integer(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size
+            not is_integer(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size
         ):
             raise self._fail(
                 "pad_token_id", f"must be None or in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}"
@@ -213,10 +229,11 @@ class BertConfig:
             raise self._fail("problem_type", f"is {self.problem_type!r}; expected one of {PROBLEM_TYPES}")
         if self.problem_type == "single_label_classification" and self.num_labels == 1:  # as transformers refuses it
             raise self._fail("problem_type", "'single_label_classification' needs num_labels > 1 (use 'regression')")
-        if self.model_type not in LAYOUTS:
-            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {', '.join(map(repr, LAYOUTS))}")
+        if self.model_type not in self.members:
+            members = ", ".join(map(repr, self.members))
+            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {members}")
         if self.positions_after_padding:
-            if not _is_integer(self.position_padding_idx):
+            if not is_integer(self.position_padding_idx):
                 raise self._fail("pad_token_id", f"must be set for {self.model_type!r}: positions count from it")
             if self.max_sequence_length < 1:
                 raise self._fail(
@@ -226,6 +243,12 @@ class BertConfig:
                 )
 
     # -- derived -----------------------------------------------------------------------------------------------
+    @classmethod
+    def member_layouts(cls) -> dict[str, KeyLayout]:
+        """model_type -> how that member's checkpoints name their tensors, for every member (the loader's check
+        that tensors and config.json are of one family)."""
+        return {model_type: config_class.key_layout for model_type, config_class in cls.members.items()}
+
     @property
     def is_encoder_decoder(self) -> bool:
         """transformers' flag for encoder-decoder models; BERT is an encoder."""
@@ -242,9 +265,10 @@ class BertConfig:
 
     @property
     def positions_after_padding(self) -> bool:
-        """RoBERTa's one difference in the encoder: position ids count from `pad_token_id + 1` for real tokens and
-        are `pad_token_id` at pads (fairseq's `make_positions`); BERT's count from 0, padding included."""
-        return self.model_type in ROBERTA_FAMILY or self.model_type == "mpnet"
+        """Whether positions start after the padding index (RoBERTa's scheme, `positions.PositionsAfterPadding`):
+        position ids count from `pad_token_id + 1` for real tokens and are `pad_token_id` at pads; BERT's count from
+        0, padding included."""
+        return self.positions.after_padding
 
     @property
     def position_padding_idx(self) -> int | None:
@@ -254,11 +278,9 @@ class BertConfig:
 
     @property
     def max_sequence_length(self) -> int:
-        """The longest input the position table covers: `max_position_embeddings`, less the padding index + 1 where
-        positions start after it (514 - 2 = 512 for roberta-base and all-mpnet-base-v2)."""
-        if self.positions_after_padding:
-            return self.max_position_embeddings - self.position_padding_idx - 1
-        return self.max_position_embeddings
+        """The longest input the position table covers (the scheme's `max_length`): `max_position_embeddings`, less
+        the padding index + 1 where positions start after it (514 - 2 = 512 for roberta-base and all-mpnet-base-v2)."""
+        return self.positions.max_length(self)
 
     @property
     def head_size(self) -> int:
@@ -294,7 +316,7 @@ class BertConfig:
             typed["dtype"] = extra["torch_dtype"]
         # A family member's file gets its class, as transformers' AutoConfig gives it (its defaults fill gaps).
         family_class = (
-            CONFIG_CLASSES.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
+            cls.members.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
         )
         if issubclass(family_class, cls):
             cls = family_class
@@ -424,79 +446,7 @@ def _set_torch_dtype_alias(config: BertConfig, value: torch.dtype | str | None) 
 # Set after the class is made: in its body, the property would be taken for the default of the `torch_dtype` InitVar.
 BertConfig.torch_dtype = property(_torch_dtype_alias, _set_torch_dtype_alias)
 
-ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
-
-
-@dataclass
-class RobertaConfig(BertConfig):
-    """config.json of a RoBERTa checkpoint: BertConfig's fields, with transformers' RobertaConfig defaults."""
-
-    vocab_size: int = 50265
-    pad_token_id: int | None = 1
-    bos_token_id: int | None = 0
-    eos_token_id: int | list[int] | None = 2
-    model_type: str = "roberta"
-
-
-@dataclass
-class XLMRobertaConfig(RobertaConfig):
-    vocab_size: int = 30522
-    model_type: str = "xlm-roberta"
-
-
-@dataclass
-class CamembertConfig(RobertaConfig):
-    vocab_size: int = 30522
-    model_type: str = "camembert"
-
-
-@dataclass
-class MPNetConfig(BertConfig):
-    """config.json of an MPNet checkpoint (all-mpnet-base-v2), with transformers' MPNetConfig defaults.
-
-    MPNet has no token types (`type_vocab_size` is BertConfig's field, unused) and one field of its own,
-    `relative_attention_num_buckets`: the rows of the relative-position bias table. Its positions count from 2 with
-    the padding index fixed at 1, whatever `pad_token_id` says, as transformers' MPNetEmbeddings has it."""
-
-    vocab_size: int = 30527
-    pad_token_id: int | None = 1
-    bos_token_id: int | None = 0
-    eos_token_id: int | list[int] | None = 2
-    relative_attention_num_buckets: int = 32
-    model_type: str = "mpnet"
-
-    @property
-    def position_padding_idx(self) -> int:
-        return 1
-
-    def validate(self) -> None:
-        super().validate()
-        buckets = self.relative_attention_num_buckets
-        # The bucketing (relative_position.py) uses 32 buckets whatever the config says, as transformers' does.
-        if not _is_integer(buckets) or not 32 <= buckets <= _MAX_SIZE:
-            raise self._fail(
-                "relative_attention_num_buckets",
-                f"must be an integer >= 32 (the relative positions use 32 buckets), got {buckets!r}",
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        # BERT fields MPNet has not, left out unless config.json set them to something else (then kept, unused).
-        defaults = BertConfig.__dataclass_fields__
-        return {
-            key: value
-            for key, value in super().to_dict().items()
-            if key not in _NOT_MPNET or key in self.extra_fields or value != defaults[key].default
-        }
-
-
-_NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
-CONFIG_CLASSES = {
-    "bert": BertConfig,
-    "roberta": RobertaConfig,
-    "xlm-roberta": XLMRobertaConfig,
-    "camembert": CamembertConfig,
-    "mpnet": MPNetConfig,
-}
+BertConfig.members["bert"] = BertConfig
 _POSITIVE_INTEGERS = (
     "vocab_size",
     "hidden_size",
@@ -508,8 +458,8 @@ _POSITIVE_INTEGERS = (
 )
 # Far above any real BERT, far below sizes whose parameters overflow torch's size arithmetic (even on the meta
 # device) or whose layers and labels take minutes to build: a corrupt config.json fails here, not in torch.
-_MAX_SIZE = 2**24
-_MAX_LAYERS = 256
+MAX_SIZE = 2**24
+MAX_LAYERS = 256
 _MAX_LABELS = 2**20
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 # Flags transformers' models read from the config by truthiness (`if config.output_attentions`), with no check.
@@ -520,7 +470,7 @@ _NOT_IN_JSON = ("extra_fields", "source", "num_labels", "_attn_implementation")
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 
 
-def _is_integer(value: Any) -> bool:
+def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

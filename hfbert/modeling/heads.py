@@ -72,19 +72,30 @@ class _BertWithHead(BertPreTrainedModel):
     # and CamemBERT's task models: parameter order is what an optimizer state is matched by.
     encoder_after_heads: ClassVar[bool] = False
 
-    def __init__(self, config: BertConfig, add_pooling_layer: bool, attn_implementation: str | None) -> None:
+    # Whether the encoder keeps its pooler (the heads that read it: BERT's next sentence, sequence classification
+    # and multiple choice).
+    pooling: ClassVar[bool] = False
+
+    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
+        """The encoder at `base_model_prefix`, then the task's heads (`build_heads`), then transformers' init."""
         super().__init__(config)
-        encoder = self.backbone_class(self.config, add_pooling_layer, attn_implementation=attn_implementation)
+        encoder = self.backbone_class(self.config, self.pooling, attn_implementation=attn_implementation)
         self.add_module(self.base_model_prefix, encoder)
+        self.build_heads(self.config)
+        self.init_weights()
+
+    def build_heads(self, config: BertConfig) -> None:
+        """Add the task's head modules, under transformers' names (a family member overrides this, not __init__)."""
 
     def init_weights(self) -> None:
         if self.encoder_after_heads:
             self._modules[self.base_model_prefix] = self._modules.pop(self.base_model_prefix)
         super().init_weights()
 
-    def encode(self, *inputs: Any) -> Any:
-        """The encoder on forward's first seven arguments (input_ids ... output_hidden_states), in that order."""
-        return self.backbone(*inputs, return_dict=True)
+    def encode(self, **inputs: Any) -> Any:
+        """The encoder on forward's arguments, by keyword (a member without token types takes them only as all-zero
+        keywords, `mpnet.py`)."""
+        return self.backbone(**inputs, return_dict=True)
 
     def finish(self, output: Any, return_dict: bool | None) -> Any:
         # As transformers' task models (`can_return_tuple`): by truthiness, the config's when none is given.
@@ -147,11 +158,10 @@ class _MaskedLanguageModel(_BertWithHead):
 class BertForPreTraining(_MaskedLanguageModel):
     heads = (MLM_HEAD, NSP_HEAD)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
-        config = self.config
+    pooling = True
+
+    def build_heads(self, config: BertConfig) -> None:
         self.cls = BertPreTrainingHeads(config, next_sentence=True)
-        self.init_weights()
 
     def forward(
         self,
@@ -167,13 +177,13 @@ class BertForPreTraining(_MaskedLanguageModel):
         return_dict: bool | None = None,
     ) -> PreTrainingOutput | tuple:
         encoded = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         prediction_logits = self.cls.predictions(encoded.last_hidden_state)
         seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)
@@ -195,11 +205,8 @@ class BertForPreTraining(_MaskedLanguageModel):
 class BertForMaskedLM(_MaskedLanguageModel):
     heads = (MLM_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
-        config = self.config
+    def build_heads(self, config: BertConfig) -> None:
         self.cls = BertPreTrainingHeads(config, next_sentence=False)
-        self.init_weights()
 
     def forward(
         self,
@@ -214,13 +221,13 @@ class BertForMaskedLM(_MaskedLanguageModel):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         logits = self.prediction_head(encoded.last_hidden_state)
         loss = None
@@ -276,11 +283,10 @@ class BertForMaskedLM(_MaskedLanguageModel):
 class BertForNextSentencePrediction(_BertWithHead):
     heads = (NSP_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
-        config = self.config
+    pooling = True
+
+    def build_heads(self, config: BertConfig) -> None:
         self.cls = BertPreTrainingHeads(config, next_sentence=True, masked_lm=False)
-        self.init_weights()
 
     def forward(
         self,
@@ -295,13 +301,13 @@ class BertForNextSentencePrediction(_BertWithHead):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         logits = self.cls.seq_relationship(encoded.pooler_output)
         loss = F.cross_entropy(logits, class_labels("labels", labels, 2, len(logits))) if labels is not None else None
@@ -311,13 +317,12 @@ class BertForNextSentencePrediction(_BertWithHead):
 class BertForSequenceClassification(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
-        config = self.config
+    pooling = True
+
+    def build_heads(self, config: BertConfig) -> None:
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
 
     def classify(self, encoded: Any) -> Tensor:
         """The encoder's output -> (batch, num_labels) logits: BERT's classifier reads the pooler."""
@@ -346,13 +351,13 @@ class BertForSequenceClassification(_BertWithHead):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         logits = self.classify(encoded)
         loss = None
@@ -373,13 +378,10 @@ class BertForSequenceClassification(_BertWithHead):
 class BertForTokenClassification(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
-        config = self.config
+    def build_heads(self, config: BertConfig) -> None:
         self.num_labels = config.num_labels
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
 
     def forward(
         self,
@@ -394,13 +396,13 @@ class BertForTokenClassification(_BertWithHead):
         return_dict: bool | None = None,
     ) -> LogitsOutput | tuple:
         encoded = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.last_hidden_state))
         loss = None
@@ -413,15 +415,12 @@ class BertForTokenClassification(_BertWithHead):
 class BertForQuestionAnswering(_BertWithHead):
     heads = (QA_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=False, attn_implementation=attn_implementation)
-        config = self.config
+    def build_heads(self, config: BertConfig) -> None:
         # Start / end logits at pad positions take part in the loss (as in transformers), so the encoder keeps
         # computing pad positions instead of running padding-free.
         self.backbone.padding_free = False
         self.num_labels = config.num_labels
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
 
     def forward(
         self,
@@ -437,13 +436,13 @@ class BertForQuestionAnswering(_BertWithHead):
         return_dict: bool | None = None,
     ) -> QuestionAnsweringOutput | tuple:
         encoded = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         start_logits, end_logits = self.qa_outputs(encoded.last_hidden_state).split(1, dim=-1)
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
@@ -465,12 +464,11 @@ class BertForQuestionAnswering(_BertWithHead):
 class BertForMultipleChoice(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, add_pooling_layer=True, attn_implementation=attn_implementation)
-        config = self.config
+    pooling = True
+
+    def build_heads(self, config: BertConfig) -> None:
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, 1)
-        self.init_weights()
 
     def forward(
         self,
@@ -491,13 +489,13 @@ class BertForMultipleChoice(_BertWithHead):
             return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
 
         encoded = self.encode(
-            flat(input_ids),
-            flat(attention_mask),
-            flat(token_type_ids),
-            flat(position_ids),
-            flat(inputs_embeds, trailing=2),
-            output_attentions,
-            output_hidden_states,
+            input_ids=flat(input_ids),
+            attention_mask=flat(attention_mask),
+            token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids),
+            inputs_embeds=flat(inputs_embeds, trailing=2),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.pooler_output)).view(-1, num_choices)
         loss = None

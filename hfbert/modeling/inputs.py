@@ -81,13 +81,10 @@ def check_inputs(
                 f"position_ids has shape {tuple(position_ids.shape)}; expected (sequence,), (1, sequence) or "
                 f"(batch, sequence) with sequence = {shape[1]}"
             )
-    elif shape[1] > config.max_sequence_length:
-        limit = f"max_position_embeddings = {config.max_position_embeddings}"
-        if config.positions_after_padding:
-            limit = f"{config.max_sequence_length} = {limit} - pad_token_id ({config.position_padding_idx}) - 1"
+    elif shape[1] > config.positions.max_length(config):  # the member's position scheme sets the limit
         raise ValueError(
-            f"sequence length {shape[1]} exceeds {limit}; "
-            f"truncate the input (tokenizer truncation=True, max_length={config.max_sequence_length})"
+            f"sequence length {shape[1]} exceeds {config.positions.limit(config)}; "
+            f"truncate the input (tokenizer truncation=True, max_length={config.positions.max_length(config)})"
         )
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return

@@ -36,7 +36,7 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         # RoBERTa's pad position has its own row, initialised to zero and never trained, as its pad token's.
-        position_padding = config.position_padding_idx if config.positions_after_padding else None
+        position_padding = config.positions.padding_index(config)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, position_padding)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -64,20 +64,6 @@ class BertEmbeddings(nn.Module):
         embeddings = inputs_embeds + token_type_embeddings
         embeddings = embeddings + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(embeddings))
-
-
-def positions_after_padding(input_ids: Tensor | None, inputs_embeds: Tensor | None, padding_idx: int) -> Tensor:
-    """RoBERTa's default position ids (fairseq's `make_positions`): `padding_idx + 1, + 2, ...` over each row's
-    non-pad tokens, `padding_idx` at pads, so left padding shifts nothing. From `inputs_embeds`, whose pads are
-    unknown: `padding_idx + 1` onwards in every column.
-
-    >>> positions_after_padding(torch.tensor([[0, 5, 2, 1, 1], [1, 0, 7, 2, 1]]), None, padding_idx=1).tolist()
-    [[2, 3, 4, 1, 1], [1, 2, 3, 4, 1]]
-    """
-    if input_ids is None:
-        return torch.arange(padding_idx + 1, inputs_embeds.shape[1] + padding_idx + 1, device=inputs_embeds.device)
-    real = input_ids.ne(padding_idx).long()
-    return real.cumsum(dim=1) * real + padding_idx
 
 
 class BertSelfAttention(nn.Module):
@@ -139,6 +125,16 @@ class BertIntermediate(nn.Module):
 
 
 class BertLayer(nn.Module):
+    """One encoder layer: attention, then the feed-forward block, each with its residual and post-LayerNorm.
+
+    The layer protocol, which `BertEncoder`, checkpointing, the fast paths and a member's own layer all keep:
+    `forward(hidden_states, batch, checkpointing=None) -> (hidden_states, probabilities)`, where `batch` is the
+    call's layout (`padding.py`: the key mask, the attention context, padded or padding-free) and `probabilities`
+    the attention maps when the kernel computes them (else None). A member whose layer differs in its parts names
+    them (`attention_class`, MPNet's) or overrides `feed_forward`; one that differs in shape (pre-LayerNorm, a gated
+    MLP) writes a sibling class with the same protocol.
+    """
+
     attention_class: type[nn.Module] = BertAttention  # MPNet's names its parts differently
 
     def __init__(self, config: BertConfig) -> None:
@@ -161,8 +157,12 @@ class BertLayer(nn.Module):
     def compute(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
         """The layer itself: attention, then the feed-forward block."""
         attention_output, probabilities = self.attention(hidden_states, batch)
-        layer_output = self.output(self.intermediate(attention_output), attention_output)
-        return layer_output, probabilities
+        return self.feed_forward(attention_output), probabilities
+
+    def feed_forward(self, hidden_states: Tensor) -> Tensor:
+        """The MLP block after attention: `intermediate` (dense -> activation), then `output` (dense, the residual,
+        LayerNorm)."""
+        return self.output(self.intermediate(hidden_states), hidden_states)
 
 
 class BertEncoder(nn.Module):
@@ -279,10 +279,12 @@ class BertModel(BertPreTrainedModel):
             inputs_embeds,
             dtype=self.dtype,
         )
-        if position_ids is None and self.config.positions_after_padding:
-            # Counted on the padded rows, before a padding-free batch packs them: each sequence restarts.
-            position_ids = positions_after_padding(input_ids, inputs_embeds, self.config.position_padding_idx)
+        scheme = self.config.positions
+        if position_ids is None:  # on the padded rows, before a padding-free batch packs them
+            position_ids = scheme.position_ids(self.config, input_ids, inputs_embeds)
         batch = self.layout(attention_mask, output_attentions)
+        if scheme.in_attention:  # rotary positions: attention reads them from the layout
+            batch = batch.with_positions(position_ids)
         hidden_states = self.embeddings(*batch.embedding_inputs(input_ids, token_type_ids, position_ids, inputs_embeds))
         hidden_states, all_hidden_states, all_attentions = self.encoder(
             hidden_states, batch, output_hidden_states, output_attentions

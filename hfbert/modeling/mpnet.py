@@ -10,7 +10,8 @@ What MPNet changes, part by part (docs/architecture.md has the table):
 - scores: one learned bias per head and relative distance, `encoder.relative_attention_bias`, shared by every layer
   and added to the scaled scores (`relative_position.py`). It depends on column distances only, so the padding-free
   layout gives each bucket the top-left corner of the batch's bias;
-- forward: BERT's arguments less `token_type_ids` (all-zero ones are accepted by keyword, and refused otherwise);
+- forward: BERT's arguments less `token_type_ids`, written out as transformers' MPNet has them; every class runs
+  BERT's body by keyword (all-zero token_type_ids are accepted by keyword, and refused otherwise);
 - heads: RoBERTa's names (`lm_head`, `classifier.dense / out_proj`, `qa_outputs`) under `mpnet.`, every dropout
   `hidden_dropout_prob` (MPNet has no classifier_dropout).
 
@@ -22,24 +23,71 @@ What MPNet changes, part by part (docs/architecture.md has the table):
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from converters.key_map import MPNET_KEYS, KeyLayout
-from hfbert.modeling.config import BertConfig, MPNetConfig
+from hfbert.modeling.config import MAX_SIZE, BertConfig, is_integer
 from hfbert.modeling.heads import BertForQuestionAnswering, BertForTokenClassification
 from hfbert.modeling.model import BertEncoder, BertLayer, BertModel
+from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnsweringOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
+from hfbert.modeling.positions import PositionsAfterPadding, PositionScheme
 from hfbert.modeling.relative_position import relative_position_bias
 from hfbert.modeling.roberta import (
     RobertaForMaskedLM,
     RobertaForMultipleChoice,
     RobertaForSequenceClassification,
 )
+
+_NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
+
+
+@dataclass
+class MPNetConfig(BertConfig):
+    """config.json of an MPNet checkpoint (all-mpnet-base-v2), with transformers' MPNetConfig defaults.
+
+    MPNet has no token types (`type_vocab_size` is BertConfig's field, unused) and one field of its own,
+    `relative_attention_num_buckets`: the rows of the relative-position bias table. Its positions count from 2 with
+    the padding index fixed at 1, whatever `pad_token_id` says, as transformers' MPNetEmbeddings has it."""
+
+    vocab_size: int = 30527
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    relative_attention_num_buckets: int = 32
+    model_type: str = "mpnet"
+
+    positions: ClassVar[PositionScheme] = PositionsAfterPadding()
+    key_layout: ClassVar[KeyLayout] = MPNET_KEYS
+
+    @property
+    def position_padding_idx(self) -> int:
+        return 1
+
+    def validate(self) -> None:
+        super().validate()
+        buckets = self.relative_attention_num_buckets
+        # The bucketing (relative_position.py) uses 32 buckets whatever the config says, as transformers' does.
+        if not is_integer(buckets) or not 32 <= buckets <= MAX_SIZE:
+            raise self._fail(
+                "relative_attention_num_buckets",
+                f"must be an integer >= 32 (the relative positions use 32 buckets), got {buckets!r}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        # BERT fields MPNet has not, left out unless config.json set them to something else (then kept, unused).
+        defaults = BertConfig.__dataclass_fields__
+        return {
+            key: value
+            for key, value in super().to_dict().items()
+            if key not in _NOT_MPNET or key in self.extra_fields or value != defaults[key].default
+        }
+
+
+_NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
 
 
 class MPNetEmbeddings(nn.Module):
@@ -129,29 +177,20 @@ class MPNetEncoder(BertEncoder):
         return super().forward(hidden_states, batch, output_hidden_states, output_attentions)
 
 
-def check_no_token_types(token_type_ids: Tensor | None) -> None:
-    """MPNet has no token-type embeddings: all-zero ids (what a BERT tokenizer gives one text) mean nothing and are
-    accepted; any other id would be silently dropped, so it is refused."""
+def check_no_token_types(keywords: dict[str, Any]) -> None:
+    """The keywords an MPNet forward takes beyond transformers' named arguments: `token_type_ids` only. MPNet has no
+    token-type embeddings: all-zero ids (what a BERT tokenizer gives one text) mean nothing and are accepted; any
+    other id would be silently dropped, so it is refused. Any other keyword is refused rather than dropped unseen
+    (`BertPreTrainedModel.accepts_loss_kwargs` keeps the Trainer from passing `num_items_in_batch`)."""
+    unknown = sorted(set(keywords) - {"token_type_ids"})
+    if unknown:
+        raise TypeError(f"MPNet's forward got unexpected keyword arguments {unknown}")
+    token_type_ids = keywords.get("token_type_ids")
     if token_type_ids is not None and bool((token_type_ids != 0).any()):
         raise ValueError(
             "token_type_ids: MPNet has no token types (no token_type_embeddings), but non-zero ids were given; "
             "pass none (MPNet's tokenizer gives none) or all zeros"
         )
-
-
-def without_token_types(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """A BERT model's `forward` with MPNet's signature, as transformers' MPNet models have it: the same arguments in
-    the same order, less `token_type_ids` (still accepted by keyword: `check_no_token_types`)."""
-    signature = inspect.signature(forward)
-    mpnet = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "token_type_ids"])
-
-    @functools.wraps(forward)
-    def mpnet_forward(self: nn.Module, *args: Any, token_type_ids: Tensor | None = None, **kwargs: Any) -> Any:
-        check_no_token_types(token_type_ids)
-        return forward(**mpnet.bind(self, *args, **kwargs).arguments)
-
-    mpnet_forward.__signature__ = mpnet
-    return mpnet_forward
 
 
 class MPNetModel(BertModel):
@@ -160,11 +199,31 @@ class MPNetModel(BertModel):
 
     config_class: ClassVar[type[BertConfig]] = MPNetConfig
     base_model_prefix: ClassVar[str] = "mpnet"
-    key_layout: ClassVar[KeyLayout] = MPNET_KEYS
     embeddings_class = MPNetEmbeddings
     encoder_class = MPNetEncoder
 
-    forward = without_token_types(BertModel.forward)
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> BertModelOutput | tuple[Tensor, ...]:
+        """`BertModel.forward` with transformers' MPNet arguments (no token types)."""
+        check_no_token_types(kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
 
 
 class _MPNetFamily:
@@ -175,22 +234,6 @@ class _MPNetFamily:
     backbone_class: ClassVar[type[BertModel]] = MPNetModel
     base_prefix: ClassVar[str] = "mpnet."
     base_model_prefix: ClassVar[str] = "mpnet"
-    key_layout: ClassVar[KeyLayout] = MPNET_KEYS
-
-    def encode(self, *inputs: Any) -> Any:
-        """The encoder on BERT's seven forward arguments (input_ids ... output_hidden_states), passed by keyword:
-        MPNetModel's positional order has no token_type_ids."""
-        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, attentions, hidden = inputs
-        return self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=attentions,
-            output_hidden_states=hidden,
-            return_dict=True,
-        )
 
     def classifier_dropout(self) -> nn.Dropout:
         return nn.Dropout(self.config.hidden_dropout_prob)
@@ -199,28 +242,140 @@ class _MPNetFamily:
 class MPNetForMaskedLM(_MPNetFamily, RobertaForMaskedLM):
     """`lm_head` as RoBERTa's: dense -> exact GELU -> layer_norm -> decoder (tied to the word embeddings)."""
 
-    forward = without_token_types(RobertaForMaskedLM.forward)
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> LogitsOutput | tuple:
+        check_no_token_types(kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
 
 
 class MPNetForSequenceClassification(_MPNetFamily, RobertaForSequenceClassification):
     """`classifier` as RoBERTa's (`<s>` -> dense -> tanh -> out_proj), dropping out with `hidden_dropout_prob`."""
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, attn_implementation)
-        self.classifier.dropout = self.classifier_dropout()
-
-    forward = without_token_types(RobertaForSequenceClassification.forward)
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> LogitsOutput | tuple:
+        check_no_token_types(kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
 
 
 class MPNetForTokenClassification(_MPNetFamily, BertForTokenClassification):
-    forward = without_token_types(BertForTokenClassification.forward)
+    """BERT's token classification, dropping out with `hidden_dropout_prob`."""
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> LogitsOutput | tuple:
+        check_no_token_types(kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
 
 
 class MPNetForQuestionAnswering(_MPNetFamily, BertForQuestionAnswering):
-    forward = without_token_types(BertForQuestionAnswering.forward)
+    """BERT's question answering (`qa_outputs`)."""
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> QuestionAnsweringOutput | tuple:
+        check_no_token_types(kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            start_positions=start_positions,
+            end_positions=end_positions,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
 
 
 class MPNetForMultipleChoice(_MPNetFamily, RobertaForMultipleChoice):
     """BERT's multiple choice (the pooler, dropout, one logit per choice)."""
 
-    forward = without_token_types(RobertaForMultipleChoice.forward)
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> LogitsOutput | tuple:
+        check_no_token_types(kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )

@@ -8,10 +8,17 @@ sequence: sequences of similar length are gathered into small padded buckets (at
 and attended with the same kernels as the padded path.
 
 Both layouts expose the same four steps (`embedding_inputs`, `attend`, `unpack`, and the kernel name they
-attend with), so the layers do not know which one they run on; `batch_layout` picks the layout of a call. A layout
-can carry an additive attention bias over column positions (MPNet's relative-position bias, `with_attention_bias`):
-a bucket's sequences all start at column 0, so its bias is the top-left corner of the padded batch's. The key mask is
-folded into the bias there, once per forward, not in every layer.
+attend with), so the layers do not know which one they run on; `batch_layout` picks the layout of a call.
+
+A layout also carries the attention context of one forward, computed once and read by every layer:
+- an additive bias over column positions (MPNet's relative-position bias, `with_attention_bias`): a bucket's
+  sequences all start at column 0, so its bias is the top-left corner of the padded batch's. The key mask is folded
+  into the bias there, once per forward, not in every layer;
+- position ids in the layout's own token order (`with_positions`: (batch, sequence) padded, (tokens,) packed), for
+  a scheme that acts inside attention (rotary embeddings rotate each token's query and key by its position, token
+  by token, so the packed order serves the buckets as it is);
+- a window, per layer and per call of `attend` (`window=w`: a query attends the keys at most `w` columns away, both
+  bounds included), for layers of local attention.
 """
 
 from __future__ import annotations
@@ -81,6 +88,27 @@ def key_padding_mask(attention_mask: Tensor) -> Tensor:
     return key_mask | ~key_mask.any(dim=-1, keepdim=True)
 
 
+def window_mask(length: int, window: int, device: torch.device | None = None) -> Tensor:
+    """(length, length) bool, True where key column j is at most `window` columns from query column i.
+
+    >>> window_mask(4, 1).int().tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    columns = torch.arange(length, device=device)
+    return (columns[None, :] - columns[:, None]).abs() <= window
+
+
+def windowed(key_mask: Tensor | None, bias: Tensor | None, length: int, window: int | None, device: torch.device):
+    """The key mask and bias of one attention call with a window applied: folded into the bias where there is one
+    (its key mask is already in it), else into the mask."""
+    if window is None:
+        return key_mask, bias
+    band = window_mask(length, window, device)
+    if bias is not None:
+        return None, bias.masked_fill(~band, torch.finfo(bias.dtype).min)
+    return (band if key_mask is None else key_mask & band), None
+
+
 def masked_bias(bias: Tensor, key_mask: Tensor | None) -> Tensor:
     """An additive attention bias with the key mask folded in: the dtype's lowest finite value where a key may not be
     attended (as the eager kernel's masked_fill), so that one tensor does both jobs in every layer."""
@@ -97,6 +125,7 @@ class PaddedBatch:
     implementation: str  # the attention kernel, "sdpa" or "eager"
     attention_bias: Tensor | None = None  # (1, heads, sequence, sequence), added to every row's scores
     zeroed: Tensor | None = None  # (batch, sequence, 1) bool: positions `unpack` sets to zero (`padding_free_zeros`)
+    positions: Tensor | None = None  # position ids (batch or 1, sequence), for attention that reads them
 
     def embedding_inputs(self, *inputs: Tensor | None) -> tuple[Tensor | None, ...]:
         return inputs
@@ -105,9 +134,17 @@ class PaddedBatch:
         """This layout with `bias` (1, heads, sequence, sequence) added to the scores, the key mask folded in."""
         return replace(self, key_mask=None, attention_bias=masked_bias(bias, self.key_mask))
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, Tensor | None]:
+    def with_positions(self, position_ids: Tensor) -> PaddedBatch:
+        """This layout with the call's position ids, (sequence,) or (batch, sequence), for attention to read."""
+        return replace(self, positions=position_ids if position_ids.dim() == 2 else position_ids[None])
+
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, window: int | None = None, **options
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over (batch, sequence, hidden) projections; `window`: keys at most that many columns away."""
+        key_mask, bias = windowed(self.key_mask, self.attention_bias, query.shape[1], window, query.device)
         return multi_head_attention(
-            query, key, value, self.key_mask, implementation=self.implementation, bias=self.attention_bias, **options
+            query, key, value, key_mask, implementation=self.implementation, bias=bias, **options
         )
 
     def unpack(self, hidden_states: Tensor) -> Tensor:
@@ -133,6 +170,7 @@ class PackedBatch:
     """
 
     bucket_biases: tuple[Tensor, ...] | None = None  # each bucket's attention bias, its key mask folded in
+    positions: Tensor | None = None  # (tokens,) position ids in packed order, for attention that reads them
 
     def __init__(self, attention_mask: Tensor, implementation: str = "sdpa") -> None:
         self.implementation = implementation
@@ -185,6 +223,13 @@ class PackedBatch:
         )
         return biased
 
+    def with_positions(self, position_ids: Tensor) -> PackedBatch:
+        """This layout with the call's position ids ((sequence,) or (batch, sequence), counted on the padded rows),
+        packed into token order for attention to read."""
+        positioned = copy.copy(self)
+        positioned.positions = self.pack(position_ids.expand(self.shape))
+        return positioned
+
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, sequence, ...), zeros at pad positions."""
         batch, sequence = self.shape
@@ -192,15 +237,20 @@ class PackedBatch:
         padded = padded.index_copy(0, self.token_index, packed)
         return padded.view(batch, sequence, *packed.shape[1:])
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, **options) -> tuple[Tensor, None]:
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, window: int | None = None, **options
+    ) -> tuple[Tensor, None]:
+        """Attention over (tokens, hidden) projections, bucket by bucket; `window` as `PaddedBatch.attend`."""
         outputs = []
         for index, bucket in enumerate(self.buckets):
             bias = None if self.bucket_biases is None else self.bucket_biases[index]
+            key_mask = bucket.key_mask if bias is None else None
+            key_mask, bias = windowed(key_mask, bias, bucket.real.shape[1], window, query.device)
             context, _ = multi_head_attention(
                 query[bucket.gather],
                 key[bucket.gather],
                 value[bucket.gather],
-                bucket.key_mask if bias is None else None,
+                key_mask,
                 implementation=self.implementation,
                 bias=bias,
                 **options,

@@ -28,7 +28,7 @@ class BertPreTrainedModel(nn.Module):
     base_prefix: ClassVar[str] = "bert."
     # The task heads this model has, as prefixes of its family's `key_layout.heads`; others are ignored when loading.
     heads: ClassVar[tuple[str, ...]] = ()
-    # How the checkpoints of this model's family name their tensors (`converters.key_map.LAYOUTS`).
+    # How the checkpoints of this model's family name their tensors: its config class's (`BertConfig.key_layout`).
     key_layout: ClassVar[KeyLayout] = BERT_KEYS
     config: BertConfig
     name_or_path: str = ""
@@ -48,6 +48,14 @@ class BertPreTrainedModel(nn.Module):
     _keys_to_ignore_on_save: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_load_missing: ClassVar[list[str] | None] = None
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str] | None] = None
+    # The losses are batch means and take no `num_items_in_batch`: the Trainer divides them over gradient
+    # accumulation steps itself. Stated, not left to the Trainer's reading of **kwargs in a forward (MPNet's has one).
+    accepts_loss_kwargs: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "key_layout" not in cls.__dict__:  # a member's model reads its checkpoints as its config class says
+            cls.key_layout = cls.config_class.key_layout
 
     def __init__(self, config: BertConfig | None = None, *inputs: Any, **kwargs: Any) -> None:
         """`config` is kept as `self.config`, as transformers' `PreTrainedModel.__init__(config)` does, so a task

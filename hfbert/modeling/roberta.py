@@ -2,7 +2,7 @@
 
 The encoder is `BertModel` itself; what the family changes is listed here and in docs/architecture.md:
 
-- positions come from the input ids (`BertConfig.positions_after_padding`, `model.positions_after_padding`):
+- positions come from the input ids (`RobertaConfig.positions`, `positions.PositionsAfterPadding`):
   `pad_token_id + 1` onwards for real tokens, `pad_token_id` at pads, so the longest input is
   `max_position_embeddings - pad_token_id - 1` (`BertConfig.max_sequence_length`);
 - one token type (`type_vocab_size: 1` in their config.json), the pad id and LayerNorm epsilon from the config;
@@ -11,7 +11,8 @@ The encoder is `BertModel` itself; what the family changes is listed here and in
 - the masked-LM head always uses exact GELU; sequence classification reads `<s>` through its own dense + tanh
   (no pooler); multiple choice drops out with `hidden_dropout_prob`.
 
-XLM-RoBERTa and CamemBERT checkpoints are RoBERTa's key for key; their classes differ in the config class only.
+XLM-RoBERTa and CamemBERT checkpoints are RoBERTa's key for key; their classes differ in the config class only (and
+their task models register the encoder after the heads, as transformers' do).
 
     >>> import torch, hfbert
     >>> model = hfbert.RobertaModel(hfbert.RobertaConfig(num_hidden_layers=1, max_position_embeddings=514))
@@ -21,6 +22,7 @@ XLM-RoBERTa and CamemBERT checkpoints are RoBERTa's key for key; their classes d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -28,16 +30,47 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from converters.key_map import CLASSIFIER_HEAD, LM_HEAD, QA_HEAD, ROBERTA_KEYS, KeyLayout
-from hfbert.modeling.config import BertConfig, CamembertConfig, RobertaConfig, XLMRobertaConfig
+from hfbert.modeling.config import BertConfig
 from hfbert.modeling.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    _BertWithHead,
 )
 from hfbert.modeling.model import BertEmbeddings, BertModel
+from hfbert.modeling.outputs import LogitsOutput
+from hfbert.modeling.positions import PositionsAfterPadding, PositionScheme
+
+
+@dataclass
+class RobertaConfig(BertConfig):
+    """config.json of a RoBERTa checkpoint: BertConfig's fields, with transformers' RobertaConfig defaults."""
+
+    vocab_size: int = 50265
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    model_type: str = "roberta"
+
+    positions: ClassVar[PositionScheme] = PositionsAfterPadding()
+    key_layout: ClassVar[KeyLayout] = ROBERTA_KEYS
+
+
+@dataclass
+class XLMRobertaConfig(RobertaConfig):
+    """config.json of an XLM-RoBERTa checkpoint, with transformers' XLMRobertaConfig defaults."""
+
+    vocab_size: int = 30522
+    model_type: str = "xlm-roberta"
+
+
+@dataclass
+class CamembertConfig(RobertaConfig):
+    """config.json of a CamemBERT checkpoint, with transformers' CamembertConfig defaults."""
+
+    vocab_size: int = 30522
+    model_type: str = "camembert"
 
 
 class RobertaEmbeddings(BertEmbeddings):
@@ -57,7 +90,6 @@ class RobertaModel(BertModel):
 
     config_class: ClassVar[type[BertConfig]] = RobertaConfig
     base_model_prefix: ClassVar[str] = "roberta"
-    key_layout: ClassVar[KeyLayout] = ROBERTA_KEYS
     embeddings_class = RobertaEmbeddings
 
 
@@ -68,7 +100,6 @@ class _RobertaFamily:
     backbone_class: ClassVar[type[BertModel]] = RobertaModel
     base_prefix: ClassVar[str] = "roberta."
     base_model_prefix: ClassVar[str] = "roberta"
-    key_layout: ClassVar[KeyLayout] = ROBERTA_KEYS
 
 
 class RobertaLMHead(nn.Module):
@@ -104,10 +135,8 @@ class RobertaClassificationHead(nn.Module):
 class RobertaForMaskedLM(_RobertaFamily, BertForMaskedLM):
     heads = (LM_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        _BertWithHead.__init__(self, config, add_pooling_layer=False, attn_implementation=attn_implementation)
-        self.lm_head = RobertaLMHead(self.config)
-        self.init_weights()
+    def build_heads(self, config: BertConfig) -> None:
+        self.lm_head = RobertaLMHead(config)
 
     @property
     def prediction_head(self) -> nn.Module:
@@ -115,13 +144,15 @@ class RobertaForMaskedLM(_RobertaFamily, BertForMaskedLM):
 
 
 class RobertaForSequenceClassification(_RobertaFamily, BertForSequenceClassification):
-    heads = (CLASSIFIER_HEAD,)
+    """`classifier` reads `<s>` through its own dense + tanh; the encoder has no pooler."""
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        _BertWithHead.__init__(self, config, add_pooling_layer=False, attn_implementation=attn_implementation)
-        self.num_labels = self.config.num_labels
-        self.classifier = RobertaClassificationHead(self.config)
-        self.init_weights()
+    heads = (CLASSIFIER_HEAD,)
+    pooling = False
+
+    def build_heads(self, config: BertConfig) -> None:
+        self.num_labels = config.num_labels
+        self.classifier = RobertaClassificationHead(config)
+        self.classifier.dropout = self.classifier_dropout()  # the family's rule (MPNet's: hidden_dropout_prob)
 
     def classify(self, encoded: Any) -> Tensor:
         return self.classifier(encoded.last_hidden_state)
@@ -138,31 +169,100 @@ class RobertaForQuestionAnswering(_RobertaFamily, BertForQuestionAnswering):
 class RobertaForMultipleChoice(_RobertaFamily, BertForMultipleChoice):
     heads = (CLASSIFIER_HEAD,)
 
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        super().__init__(config, attn_implementation)
-        self.dropout = nn.Dropout(self.config.hidden_dropout_prob)  # not classifier_dropout, as in transformers
+    def build_heads(self, config: BertConfig) -> None:
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)  # not classifier_dropout, as in transformers
+        self.classifier = nn.Linear(config.hidden_size, 1)
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> LogitsOutput | tuple:
+        # transformers' RoBERTa multiple-choice forward takes its arguments in this order, not BERT's: a positional
+        # call must bind them as it does there.
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
 
 
-def _member(roberta_class: type, config_class: type[BertConfig], encoder: type[BertModel] | None = None) -> type:
-    """`roberta_class` for another family member: the same model, with that member's config (and encoder) class.
-    Task models of XLM-RoBERTa and CamemBERT register their head before the encoder, as transformers' do."""
-    family = config_class.__name__.removesuffix("Config")
-    attributes = {"config_class": config_class, "__doc__": f"`{roberta_class.__name__}` for {family} checkpoints."}
-    if encoder is not None:
-        attributes["backbone_class"] = encoder
-        attributes["encoder_after_heads"] = True
-    return type(roberta_class.__name__.replace("Roberta", family), (roberta_class,), attributes)
+# XLM-RoBERTa and CamemBERT: RoBERTa's classes with their own config class. Their task models register the encoder
+# after the heads, as transformers' do (parameter order is what an optimizer state is matched by).
 
 
-XLMRobertaModel = _member(RobertaModel, XLMRobertaConfig)
-XLMRobertaForMaskedLM = _member(RobertaForMaskedLM, XLMRobertaConfig, XLMRobertaModel)
-XLMRobertaForSequenceClassification = _member(RobertaForSequenceClassification, XLMRobertaConfig, XLMRobertaModel)
-XLMRobertaForTokenClassification = _member(RobertaForTokenClassification, XLMRobertaConfig, XLMRobertaModel)
-XLMRobertaForQuestionAnswering = _member(RobertaForQuestionAnswering, XLMRobertaConfig, XLMRobertaModel)
-XLMRobertaForMultipleChoice = _member(RobertaForMultipleChoice, XLMRobertaConfig, XLMRobertaModel)
-CamembertModel = _member(RobertaModel, CamembertConfig)
-CamembertForMaskedLM = _member(RobertaForMaskedLM, CamembertConfig, CamembertModel)
-CamembertForSequenceClassification = _member(RobertaForSequenceClassification, CamembertConfig, CamembertModel)
-CamembertForTokenClassification = _member(RobertaForTokenClassification, CamembertConfig, CamembertModel)
-CamembertForQuestionAnswering = _member(RobertaForQuestionAnswering, CamembertConfig, CamembertModel)
-CamembertForMultipleChoice = _member(RobertaForMultipleChoice, CamembertConfig, CamembertModel)
+class XLMRobertaModel(RobertaModel):
+    """`RobertaModel` for XLM-RoBERTa checkpoints; a drop-in for `transformers.XLMRobertaModel`."""
+
+    config_class = XLMRobertaConfig
+
+
+class _XLMRobertaFamily:
+    config_class: ClassVar[type[BertConfig]] = XLMRobertaConfig
+    backbone_class: ClassVar[type[BertModel]] = XLMRobertaModel
+    encoder_after_heads: ClassVar[bool] = True
+
+
+class XLMRobertaForMaskedLM(_XLMRobertaFamily, RobertaForMaskedLM):
+    """`RobertaForMaskedLM` for XLM-RoBERTa checkpoints."""
+
+
+class XLMRobertaForSequenceClassification(_XLMRobertaFamily, RobertaForSequenceClassification):
+    """`RobertaForSequenceClassification` for XLM-RoBERTa checkpoints."""
+
+
+class XLMRobertaForTokenClassification(_XLMRobertaFamily, RobertaForTokenClassification):
+    """`RobertaForTokenClassification` for XLM-RoBERTa checkpoints."""
+
+
+class XLMRobertaForQuestionAnswering(_XLMRobertaFamily, RobertaForQuestionAnswering):
+    """`RobertaForQuestionAnswering` for XLM-RoBERTa checkpoints."""
+
+
+class XLMRobertaForMultipleChoice(_XLMRobertaFamily, RobertaForMultipleChoice):
+    """`RobertaForMultipleChoice` for XLM-RoBERTa checkpoints."""
+
+
+class CamembertModel(RobertaModel):
+    """`RobertaModel` for CamemBERT checkpoints; a drop-in for `transformers.CamembertModel`."""
+
+    config_class = CamembertConfig
+
+
+class _CamembertFamily:
+    config_class: ClassVar[type[BertConfig]] = CamembertConfig
+    backbone_class: ClassVar[type[BertModel]] = CamembertModel
+    encoder_after_heads: ClassVar[bool] = True
+
+
+class CamembertForMaskedLM(_CamembertFamily, RobertaForMaskedLM):
+    """`RobertaForMaskedLM` for CamemBERT checkpoints."""
+
+
+class CamembertForSequenceClassification(_CamembertFamily, RobertaForSequenceClassification):
+    """`RobertaForSequenceClassification` for CamemBERT checkpoints."""
+
+
+class CamembertForTokenClassification(_CamembertFamily, RobertaForTokenClassification):
+    """`RobertaForTokenClassification` for CamemBERT checkpoints."""
+
+
+class CamembertForQuestionAnswering(_CamembertFamily, RobertaForQuestionAnswering):
+    """`RobertaForQuestionAnswering` for CamemBERT checkpoints."""
+
+
+class CamembertForMultipleChoice(_CamembertFamily, RobertaForMultipleChoice):
+    """`RobertaForMultipleChoice` for CamemBERT checkpoints."""

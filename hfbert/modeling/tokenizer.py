@@ -36,6 +36,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 from converters.atomic_write import atomic_file
 from converters.json_files import read_json_object
 from converters.tokenizer_files import read_merges_txt, read_vocab_json, read_vocab_txt
+from hfbert.modeling.family import MEMBERS
 from hfbert.modeling.tokenizer_files import (
     CALL_OPTIONS,
     LARGE_INTEGER,
@@ -44,7 +45,6 @@ from hfbert.modeling.tokenizer_files import (
     ROBERTA_SPECIAL_TOKENS,
     SIDES,
     SPECIAL_TOKENS,
-    WORDPIECE_CLASSES,
     added_tokens,
     check_call_options,
     check_wordpiece_class,
@@ -636,21 +636,12 @@ class MPNetTokenizer(BertTokenizer):
         tokenizer.post_processor = _roberta_processing(tokenizer, config, cls.special_token_defaults)
 
 
-# transformers' tokenizer classes (its `tokenizer_class`, "Fast" dropped) and model types, by hfbert's class.
+# transformers' tokenizer classes (its `tokenizer_class`, "Fast" dropped) and model types -> hfbert's class, from the
+# family table.
 _TOKENIZER_CLASSES: dict[str, type[BertTokenizer]] = {
-    **dict.fromkeys(WORDPIECE_CLASSES, BertTokenizer),
-    "RobertaTokenizer": RobertaTokenizer,
-    "XLMRobertaTokenizer": XLMRobertaTokenizer,
-    "CamembertTokenizer": XLMRobertaTokenizer,
-    "MPNetTokenizer": MPNetTokenizer,
+    name: globals()[row.tokenizer] for row in MEMBERS for name in row.tokenizer_names
 }
-_MODEL_TYPES: dict[str, type[BertTokenizer]] = {
-    "bert": BertTokenizer,
-    "roberta": RobertaTokenizer,
-    "xlm-roberta": XLMRobertaTokenizer,
-    "camembert": XLMRobertaTokenizer,
-    "mpnet": MPNetTokenizer,
-}
+_MODEL_TYPES: dict[str, type[BertTokenizer]] = {row.model_type: globals()[row.tokenizer] for row in MEMBERS}
 
 
 class AutoTokenizer:

@@ -20,6 +20,7 @@ from tokenizers import AddedToken
 
 from converters.json_files import read_json_object
 from hfbert.modeling.config import ConfigError
+from hfbert.modeling.family import WORDPIECE_TOKENIZERS
 
 SPECIAL_TOKENS = {
     "unk_token": "[UNK]",
@@ -227,25 +228,11 @@ def _special_token(token: str | dict[str, Any] | None, default: str) -> AddedTok
     return AddedToken(token_text(token, default), normalized=False, special=True)
 
 
-# transformers' tokenizers that build BERT's pipeline (BasicTokenizer + WordPiece, [CLS] / [SEP]) from a vocab.txt.
-WORDPIECE_CLASSES = (
-    "BertTokenizer",
-    "DistilBertTokenizer",
-    "ElectraTokenizer",
-    "MobileBertTokenizer",
-    "SqueezeBertTokenizer",
-    "LayoutLMTokenizer",
-    "ConvBertTokenizer",
-    "LxmertTokenizer",
-    "RetriBertTokenizer",
-)
-
-
 def check_wordpiece_class(tokenizer_class: Any, path: Path) -> None:
     """ValueError naming the file when its `tokenizer_class` tokenizes a vocab.txt otherwise than BERT's WordPiece
     (BertJapaneseTokenizer splits words with MeCab first; a custom class runs its own code): hfbert builds BERT's
     pipeline only, and would give other ids silently."""
-    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in WORDPIECE_CLASSES:
+    if tokenizer_class is None or str(tokenizer_class).removesuffix("Fast") in WORDPIECE_TOKENIZERS:
         return
     raise ValueError(
         f"{path}: tokenizer_class {tokenizer_class!r} is not BERT's WordPiece tokenizer, the one hfbert builds from "

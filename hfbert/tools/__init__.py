@@ -8,5 +8,8 @@
 - `texts.py`: reading input texts, one per line, once (`-`: standard input);
 - `progress.py`: progress on stderr, a bar on a terminal and lines in a log;
 - `extras.py`: optional dependencies, imported with one clear error when missing;
-- `sentence_transformers_backbone.py`: hfbert as the encoder of a `SentenceTransformer`.
+- `sentence_transformers_backbone.py`: hfbert as the encoder of a `SentenceTransformer`;
+- `reranking.py`: `CrossEncoder` and `hfbert rerank`; `sparse.py`: `SparseEncoder` and `embed --sparse`;
+  `bge_m3.py`: bge-m3's dense, lexical and ColBERT outputs; `head_checkpoint.py`: what they share (the folder,
+  its head model, the input length).
 """

@@ -36,7 +36,7 @@ from converters.dtypes import PARAMETER_DTYPES, dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, resolve_checkpoint
 from converters.json_files import read_json_object
-from converters.key_map import LAYOUTS, head_of, normalize_name
+from converters.key_map import head_of, normalize_name
 from converters.loading import (
     check_auto_map,
     check_cast,
@@ -49,6 +49,7 @@ from converters.loading import (
 )
 from converters.writing import atomic_directory, copy_model_files, parse_size, write_safetensors
 from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.family import member
 from hfbert.tools.bge_m3 import present_heads
 
 
@@ -59,13 +60,12 @@ def canonical_tensors(
     `auto_map` sends the model to custom code is refused, as `from_pretrained` refuses it; with `ignore_auto_map`
     it converts as plain BERT and the written config keeps only a tokenizer's `auto_map` entries (the model's code
     is not copied: the result is a plain BERT checkpoint)."""
-    from hfbert.modeling.auto import model_class
-
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
     if not ignore_auto_map:
         check_auto_map(config.to_dict().get("auto_map"), str(directory / CONFIG_FILE))
     checkpoint = read_checkpoint(directory)
-    encoder, layout = model_class(config), LAYOUTS[config.model_type]
+    family = member(config.model_type)
+    encoder, layout = family.classes["model"], family.key_layout
     check_family(encoder, config, checkpoint)
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in encoder(config).state_dict().items()}
@@ -105,12 +105,11 @@ def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
     """Every task-head tensor name transformers' models of `config`'s family store, with the shapes `config` allows
     for it (a `classifier` is (num_labels, hidden) in sequence / token classification, (1, hidden) in multiple
     choice; RoBERTa's sequence classifier is `classifier.dense` + `classifier.out_proj`)."""
-    from hfbert.modeling.auto import MODEL_CLASSES
-
-    layout = LAYOUTS[config.model_type]
+    family = member(config.model_type)
+    layout = family.key_layout
     shapes: dict[str, set[tuple[int, ...]]] = {}
     with torch.device("meta"), skipped_initialisation():
-        for task, model_class in MODEL_CLASSES[config.model_type].items():
+        for task, model_class in family.classes.items():
             if task == "model":
                 continue
             model = model_class(config)
@@ -182,7 +181,7 @@ def convert(
         }
         for stem, layer in present_heads(directory, hidden_size).items()
     }
-    prefix = LAYOUTS[config_values.get("model_type", "bert")].prefix
+    prefix = member(config_values.get("model_type", "bert")).key_layout.prefix
     backbone = not any(name.startswith(prefix) for name in tensors)  # no task heads: a BertModel, RobertaModel
     with atomic_directory(destination) as temporary:
         written = write_safetensors(tensors, temporary, max_shard_size)

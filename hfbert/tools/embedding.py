@@ -41,7 +41,7 @@ from hfbert.tools.embedding_output import output_kind, write_in_input_order
 from hfbert.tools.head_checkpoint import resolve_folder
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, SentenceModules
 from hfbert.tools.sentence_transformers_pipeline import checkpoint_prompts, prompt_text, read_pipeline
-from hfbert.tools.texts import check_unicode, read_texts
+from hfbert.tools.texts import check_texts, read_texts
 
 CHUNK_SIZE = 10_000
 __all__ = ["CHUNK_SIZE", "Embedder", "embed_file", "output_kind", "read_texts"]
@@ -133,7 +133,7 @@ class Embedder:
                 pipeline.max_length = max_length
                 pipeline.overrides.append(f"max_length {max_length}")
         if prompt_name is not None:
-            prompts, _ = checkpoint_prompts(directory)
+            prompts = pipeline.prompts if pipeline.prompts is not None else checkpoint_prompts(directory)[0]
             if prompt_name not in prompts:
                 names = ", ".join(map(repr, prompts)) or "none"
                 raise ValueError(f"prompt name {prompt_name!r} is not in the checkpoint's prompts ({names})")
@@ -218,10 +218,7 @@ class Embedder:
     def _encoded(self, texts: Sequence[str], progress: Any) -> Iterator[tuple[list[int], Any, Tensor]]:
         """(indices into `texts`, their tokenized batch, the encoder's last hidden states), batch by batch, longest
         texts first."""
-        for index, text in enumerate(texts):  # named by its place in `texts`, not in a length-sorted batch
-            if not isinstance(text, str):
-                raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
-            check_unicode(text, f"text {index}")
+        check_texts(texts)  # each named by its place in `texts`, not in a length-sorted batch (once: `CheckedTexts`)
         order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
         prompt = self.pipeline.prompt or ""
         for start in range(0, len(order), self.batch_size):

@@ -212,13 +212,14 @@ def write_in_input_order(
     reserve: bool = False,
 ) -> int:
     """The loop every `hfbert embed` output shares: `texts` read lazily and once, `chunk_size` at a time, each text's
-    unicode checked by its place in the input, and `write_chunk(writer, indices, texts, progress_bar)` writing that
-    chunk's rows in input order into `out` (`output_writer`: whole or not at all; None: stdout). Under torchrun
+    unicode checked by its place in the input (unless `read_texts` checked it, naming file and line), and
+    `write_chunk(writer, indices, texts, progress_bar)` writing that chunk's rows (`CheckedTexts`: not checked again)
+    in input order into `out` (`output_writer`: whole or not at all; None: stdout). Under torchrun
     (RANK / WORLD_SIZE) each rank takes every WORLD_SIZE-th text into its part file and rank 0 merges. `total`: how
     many texts there are, when known (progress, and the .npy space reserved where `reserve`). Returns how many rows
     the output holds (under torchrun: the merged file on rank 0, this process's part elsewhere)."""
     from hfbert.tools.progress import Progress
-    from hfbert.tools.texts import check_unicode
+    from hfbert.tools.texts import CheckedTexts, check_unicode, is_checked
 
     if chunk_size < 1:
         raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
@@ -230,10 +231,12 @@ def write_in_input_order(
     bar = Progress(share, task, "text", enabled=progress and rank == 0)
     with closing(bar), output_writer(target, dimension, kind, share if reserve else None) as writer:
         mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+        checked = is_checked(texts)  # a file's, by read_texts: named by file and line
         while chunk := list(islice(mine, chunk_size)):
-            for index, text in chunk:  # named by their place in the input (a file's by read_texts: file and line)
+            for index, text in chunk if not checked else ():  # named by their place in the input
                 check_unicode(text, f"text {index}")
-            write_chunk(writer, [index for index, _ in chunk], [text for _, text in chunk], bar)
+            # Checked: the encoders the chunk goes to do not check it again.
+            write_chunk(writer, [index for index, _ in chunk], CheckedTexts(text for _, text in chunk), bar)
     if world > 1:
         return merge_under_torchrun(out, kind, rank, world, dimension) or writer.row
     return writer.row

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from inspect import signature
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from converters.checkpoint_files import read_checkpoint
 from converters.dtypes import dtype_name
 from converters.errors import CheckpointError
 from converters.hub import CONFIG_FILE, TOKENIZER_FILES, sha256_of
-from converters.key_map import LAYOUTS, map_key
+from converters.key_map import map_key
 from converters.loading import check_auto_map, check_family
 
 if TYPE_CHECKING:
@@ -40,10 +39,11 @@ def summary(directory: Path) -> dict[str, Any]:
     """What `describe` prints, as data (`hfbert inspect --json`): config, custom code (`auto_map` and why hfbert
     refuses to load it; null when none), files, tensors, parameter counts. CheckpointError, the loaders' own, when
     the tensors are named for another family than config.json says (`bert.` tensors beside model_type "roberta")."""
-    from hfbert.modeling.auto import model_class
     from hfbert.modeling.config import BertConfig
+    from hfbert.modeling.family import member
 
     config = BertConfig.from_json_file(directory / CONFIG_FILE)
+    family = member(config.model_type)
     auto_map = config.to_dict().get("auto_map")
     try:
         check_auto_map(auto_map, str(directory / CONFIG_FILE))
@@ -53,7 +53,7 @@ def summary(directory: Path) -> dict[str, Any]:
     checkpoint = read_checkpoint(directory)
     # The loaders' own check, so that inspect never lists as loadable tensors every loader refuses (`bert.` tensors
     # beside model_type "xlm-roberta" would map as if they had no prefix: "loaded as is").
-    check_family(model_class(config), config, checkpoint)
+    check_family(family.classes["model"], config, checkpoint)
     files = [
         {**facts, "not_read": checkpoint.not_read.get(facts["name"])}
         for facts in describe_files(sorted(p for p in directory.iterdir() if p.is_file()))
@@ -62,7 +62,7 @@ def summary(directory: Path) -> dict[str, Any]:
     counts = {"backbone": 0, "heads": 0}
     seen_storage = set()  # a .bin may store the tied decoder weight as a view of the word embeddings
     limit_name = "longest input" if config.positions_after_padding else "max_position_embeddings"
-    layout = LAYOUTS[config.model_type]  # RoBERTa's `roberta.` prefix and `lm_head.` / `classifier.` heads
+    layout = family.key_layout  # RoBERTa's `roberta.` prefix and `lm_head.` / `classifier.` heads
     for name, tensor in checkpoint.tensors.items():
         mapped = map_key(name, layout=layout)
         action = {
@@ -98,13 +98,13 @@ def summary(directory: Path) -> dict[str, Any]:
 
 def config_facts(config: BertConfig) -> dict[str, Any]:
     """The config fields `describe` shows, then those `config`'s family adds to BERT's (MPNet's
-    `relative_attention_num_buckets`); `type_vocab_size` is None for a model without token types (MPNet's forward
-    takes no token_type_ids, whatever config.json says)."""
-    from hfbert.modeling.auto import model_class
+    `relative_attention_num_buckets`); `type_vocab_size` is None for a member without token types (MPNet takes no
+    token_type_ids, whatever config.json says)."""
     from hfbert.modeling.config import BertConfig
+    from hfbert.modeling.family import member
 
     facts = {key: getattr(config, key) for key in _CONFIG_FIELDS}
-    if "token_type_ids" not in signature(model_class(config).forward).parameters:
+    if not member(config.model_type).token_types:
         facts["type_vocab_size"] = None
     bert = BertConfig.__dataclass_fields__
     return facts | {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in bert}

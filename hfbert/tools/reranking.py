@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from converters.json_files import read_json_object
 from hfbert.tools.head_checkpoint import input_length, load_head_model, prompt_of, read_folder_settings, resolve_folder
 from hfbert.tools.sentence_transformers_pipeline import ACTIVATIONS, PROMPTS_FILE
-from hfbert.tools.texts import check_unicode
+from hfbert.tools.texts import CheckedTexts, check_unicode, is_checked
 
 CHUNK_SIZE = 10_000  # documents read and scored at once by `rank_file`
 __all__ = ["CHUNK_SIZE", "CrossEncoder", "default_activation", "rank_file"]
@@ -132,7 +132,7 @@ class CrossEncoder:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
         single = _is_single_pair(inputs)
         pairs = [list(inputs)] if single else list(inputs)
-        firsts, seconds = _checked_pairs(pairs)
+        firsts, seconds = _checked_pairs(pairs, unicode=not is_checked(inputs))
         prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
         activation = self.activation_fn if activation_fn is None else activation_fn
         scores = self._scores(firsts, seconds, prefix, batch_size, activation, apply_softmax, show_progress_bar)
@@ -239,8 +239,9 @@ def _is_single_pair(inputs: Any) -> bool:
     return getattr(inputs, "ndim", 2) < 2 and len(inputs) > 0
 
 
-def _checked_pairs(pairs: list[Any]) -> tuple[list[str], list[str]]:
-    """The first and the second texts of `pairs`; TypeError / ValueError naming the pair that is not two texts."""
+def _checked_pairs(pairs: list[Any], unicode: bool = True) -> tuple[list[str], list[str]]:
+    """The first and the second texts of `pairs`; TypeError / ValueError naming the pair that is not two texts, or
+    (`unicode`: unless the caller checked them) a text that is not valid Unicode."""
     firsts, seconds = [], []
     for index, pair in enumerate(pairs):
         if isinstance(pair, str) or not isinstance(pair, Sequence) and getattr(pair, "ndim", None) != 1:
@@ -250,7 +251,8 @@ def _checked_pairs(pairs: list[Any]) -> tuple[list[str], list[str]]:
         for position, text in enumerate(pair):
             if not isinstance(text, str):
                 raise TypeError(f"pair {index}, text {position} is a {type(text).__name__}, not a str")
-            check_unicode(text, f"pair {index}, text {position}")
+            if unicode:
+                check_unicode(text, f"pair {index}, text {position}")
         firsts.append(str(pair[0]))
         seconds.append(str(pair[1]))
     return firsts, seconds
@@ -331,12 +333,15 @@ def rank_file(
     reranker.require_one_label()
     scores: list[float] = []
     bar = Progress(None, "rerank", "document", enabled=progress)
+    checked = is_checked(documents)  # a file's, by read_texts: named by file and line
     with closing(bar):
         iterator = iter(documents)
         while chunk := list(islice(iterator, chunk_size)):
-            for offset, document in enumerate(chunk):  # named by their place in the input
+            for offset, document in enumerate(chunk) if not checked else ():  # named by their place in the input
                 check_unicode(document, f"document {len(scores) + offset}")
-            pairs = [[query, document] for document in chunk]
+            if not scores and isinstance(query, str):  # the query once, named as the first pair's first text
+                check_unicode(query, "pair 0, text 0")
+            pairs = CheckedTexts([query, document] for document in chunk)  # not checked again by `predict`
             scored = reranker.predict(pairs, batch_size=batch_size, convert_to_tensor=True)
             scores += scored.tolist()
             bar.update(len(chunk))

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION
-from hfbert.modeling.auto import MODEL_CLASSES, model_class
 from hfbert.modeling.config import BertConfig
+from hfbert.modeling.family import MEMBERS, member
 from hfbert.modeling.model import BertModel
 
 if TYPE_CHECKING:
@@ -63,12 +63,11 @@ def use_hfbert_backbone(model: SentenceTransformer, *, attn_implementation: str 
     Calling it again is a no-op.
     """
     from sentence_transformers.base.modules import Transformer
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     modules = [module for module in model.modules() if isinstance(module, Transformer)]
     if not modules:
         raise ValueError("this SentenceTransformer has no Transformer module: there is no backbone to replace")
-    encoders = {MODEL_MAPPING_NAMES[model_type] for model_type in MODEL_CLASSES}
+    encoders = {row.reference_class("model") for row in MEMBERS}  # transformers' encoder class of each member
     for module in modules:
         if not isinstance(module.model, BertModel) and type(module.model).__name__ not in encoders:
             model_type = getattr(getattr(module.model, "config", None), "model_type", None)
@@ -92,7 +91,7 @@ def _hfbert_from_transformers(encoder: torch.nn.Module, attn_implementation: str
             attn_implementation = DEFAULT_ATTENTION
     config = BertConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
     with torch.device("meta"):  # no memory, no random init: the parameters are assigned below
-        backbone = model_class(config)(
+        backbone = member(config.model_type).classes["model"](
             config, add_pooling_layer=encoder.pooler is not None, attn_implementation=attn_implementation
         )
     # keep_vars + assign: the very Parameter objects move over, so an optimizer built before the swap still

@@ -80,6 +80,7 @@ class Pipeline:
     do_lower_case: bool = False
     source: str = ""  # where it came from
     overrides: list[str] = field(default_factory=list)  # what the caller's options changed
+    prompts: dict[str, Any] | None = None  # config_sentence_transformers.json's, as read with modules.json (None: not)
 
     @property
     def pooling(self) -> tuple[str, ...]:
@@ -254,8 +255,10 @@ def read_pipeline(
         raise ValueError(f"{modules_file}: no Pooling module; hfbert embed returns one vector per text")
     # do_lower_case by truthiness, as sentence-transformers' `if do_lower_case:`.
     lower = bool(transformer.get("do_lower_case"))
-    pipeline = Pipeline(modules, max_length, do_lower_case=lower, source="sentence-transformers (modules.json)")
     table, default = checkpoint_prompts(directory)
+    pipeline = Pipeline(
+        modules, max_length, do_lower_case=lower, source="sentence-transformers (modules.json)", prompts=table
+    )
     if default is not None:
         if default not in table:
             raise ValueError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not in prompts")

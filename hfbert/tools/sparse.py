@@ -46,7 +46,7 @@ from hfbert.tools.head_checkpoint import (
     read_folder_settings,
     resolve_folder,
 )
-from hfbert.tools.texts import check_unicode
+from hfbert.tools.texts import check_texts, is_checked
 
 VOCABULARY_CHUNK = 1 << 24  # logits computed at once: 16 Mi floats, 64 MiB in fp32
 CHUNK_SIZE = 10_000  # texts read, sorted by length and encoded at once by `sparse_file`
@@ -176,7 +176,8 @@ class SparseEncoder:
         tokens = self.tokens()
         result: list[dict[str, float] | None] = [None] * len(texts)
         prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
-        for indices, vectors in self._vectors(list(texts), prefix, batch_size, self.max_active_dims, None):
+        texts = texts if is_checked(texts) else list(texts)
+        for indices, vectors in self._vectors(texts, prefix, batch_size, self.max_active_dims, None):
             for index, vector in zip(indices, vectors.cpu(), strict=True):
                 ids = vector.nonzero().flatten()
                 weights = vector[ids]
@@ -203,10 +204,7 @@ class SparseEncoder:
         """(indices into `texts`, their (batch, vocabulary) float32 vectors) batch by batch, longest texts first."""
         from hfbert.tools.progress import Progress
 
-        for index, text in enumerate(texts):  # named by its place in `texts`, not in a length-sorted batch
-            if not isinstance(text, str):
-                raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
-            check_unicode(text, f"text {index}")
+        check_texts(texts)  # each named by its place in `texts`, not in a length-sorted batch (once: `CheckedTexts`)
         order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
         bar = Progress(len(texts), "sparse", "text", enabled=bool(show_progress_bar))
         with closing(bar):

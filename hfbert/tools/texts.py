@@ -4,6 +4,10 @@
 `/dev/stdin` or a FIFO works as well as a file: nothing is counted in a first pass and then read again.
 `read_texts` is the one reader of text files (`hfbert embed --file`, `hfbert parity --texts`): plain lines, or
 JSONL with a "text" field per line; every problem is named by file and line.
+
+Each text's Unicode is checked once (`check_unicode`), where it can be named best: by file and line as it is read,
+else by its place in the input as it is written (`hfbert.tools.embedding_output`); what has been checked travels
+as `CheckedLines` / `CheckedTexts`, which the writers and encoders take without checking again.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -42,12 +46,49 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             yield number, line.removesuffix("\n").removesuffix("\r")
 
 
+class CheckedLines(Iterator[str]):
+    """`read_texts`' texts, read lazily: each one valid Unicode (a line decoded from UTF-8, a JSONL text checked),
+    so that the writers and encoders take them without checking them again."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self._lines = lines
+
+    def __next__(self) -> str:
+        return next(self._lines)
+
+
+class CheckedTexts(list):
+    """A list of texts (or of text pairs) whose Unicode has been checked, each under the name of its place in the
+    input (`hfbert.tools.embedding_output.write_in_input_order`, `hfbert.tools.reranking.rank_file`): the encoders
+    take it without checking it again."""
+
+
+def is_checked(texts: object) -> bool:
+    """Whether `texts` were checked already (`CheckedLines`, `CheckedTexts`)."""
+    return isinstance(texts, (CheckedLines, CheckedTexts))
+
+
+def check_texts(texts: Sequence[object]) -> None:
+    """TypeError naming the first item of `texts` that is no str, ValueError the first that is not valid Unicode,
+    each as "text {index}" (its place in `texts`); nothing to do for texts checked already (`is_checked`)."""
+    if is_checked(texts):
+        return
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {index} is a {type(text).__name__}, not a str")
+        check_unicode(text, f"text {index}")
+
+
 def read_texts(path: str | os.PathLike, *, skip_blank: bool = False) -> Iterator[str]:
     """The texts of a file (`-`: standard input), lazily and once: one per line; a `.jsonl` file holds one JSON
     object with a "text" per line. Every line counts (an empty line of a text file is an empty text), so index i
     is line i; `skip_blank=True` leaves out lines that are empty or only whitespace instead. ValueError naming the
     file and line for invalid UTF-8, bad JSON, a line without a string "text", or a text that is not valid Unicode
-    (a lone surrogate such as "\\ud800" in JSON)."""
+    (a lone surrogate such as "\\ud800" in JSON). The texts come as `CheckedLines`: nothing checks them again."""
+    return CheckedLines(_texts(path, skip_blank))
+
+
+def _texts(path: str | os.PathLike, skip_blank: bool) -> Iterator[str]:
     jsonl = Path(path).suffix == ".jsonl"
     name = display_name(path)
     for number, line in numbered_lines(path):

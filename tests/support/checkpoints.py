@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -70,10 +72,85 @@ def bert_large_shapes() -> dict[str, list[int]]:
     return shapes
 
 
-def add_outlier_dimensions(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+# bert-base-uncased's file layout at a tiny size: 2 layers of hidden 96 (its 12 heads of 8), intermediate 384; the
+# vocabulary, positions and token types as they are, so that its tokenizer files fit.
+SMALL_LAYOUT_SHAPE = {"hidden_size": 96, "intermediate_size": 384, "num_hidden_layers": 2}
+
+
+def small_layout_shapes() -> dict[str, list[int]]:
+    """bert-base's names, order and dtypes, scaled to SMALL_LAYOUT_SHAPE: layers 0 and 1 only."""
+    base = reference_config()
+    resize = {base["hidden_size"]: SMALL_LAYOUT_SHAPE["hidden_size"]}
+    resize[base["intermediate_size"]] = SMALL_LAYOUT_SHAPE["intermediate_size"]
+    layers = [f".layer.{index}." for index in range(SMALL_LAYOUT_SHAPE["num_hidden_layers"])]
+    return {
+        name: [resize.get(size, size) for size in shape]
+        for name, shape in bert_base_shapes().items()
+        if ".layer." not in name or any(layer in name for layer in layers)
+    }
+
+
+def small_layout_config() -> dict:
+    return {**reference_config(), **SMALL_LAYOUT_SHAPE}
+
+
+def write_small_layout(directory: Path, seed: int = 0, outliers: bool = False) -> dict[str, torch.Tensor]:
+    """bert-base-uncased's file layout (tensor names, dtypes, config.json's fields, tokenizer files) at the tiny
+    SMALL_LAYOUT_SHAPE, random values as `write_bert_base_layout` draws them; `outliers` as there, in the same
+    places relative to the width."""
+    tensors = random_tensors(small_layout_shapes(), seed)
+    if outliers:
+        scale = SMALL_LAYOUT_SHAPE["hidden_size"] / reference_config()["hidden_size"]
+        add_outlier_dimensions(tensors, tuple(int(dimension * scale) for dimension in OUTLIER_DIMENSIONS))
+    write_checkpoint(directory, tensors, small_layout_config())
+    return tensors
+
+
+@dataclass
+class Layout:
+    """bert-base-uncased's file layout, at its own size ("bert-base") or the small one ("small layout"), through the
+    session fixtures that write it (`fixture`: pytest's `request.getfixturevalue`)."""
+
+    name: str
+    fixture: Callable[[str], object]
+
+    @property
+    def prefix(self) -> str:
+        return "bert_base" if self.name == "bert-base" else "small_layout"
+
+    @property
+    def safetensors(self) -> Path:
+        return self.fixture(f"{self.prefix}_safetensors_dir")
+
+    @property
+    def pickle(self) -> Path:
+        return self.fixture(f"{self.prefix}_pickle_dir")
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.fixture(f"{self.prefix}_tensors")
+
+    @property
+    def config(self) -> dict:
+        return reference_config() if self.name == "bert-base" else small_layout_config()
+
+    @property
+    def small(self) -> bool:
+        return self.name != "bert-base"
+
+    def write(self, directory: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+        """Another checkpoint of this layout and size, drawn with `seed`."""
+        return (
+            write_bert_base_layout(directory, seed) if self.name == "bert-base" else write_small_layout(directory, seed)
+        )
+
+
+def add_outlier_dimensions(
+    tensors: dict[str, torch.Tensor], dimensions: tuple[int, ...] = OUTLIER_DIMENSIONS
+) -> dict[str, torch.Tensor]:
     for name, tensor in tensors.items():
         if name.endswith("LayerNorm.gamma"):
-            tensor[list(OUTLIER_DIMENSIONS)] = OUTLIER_GAIN
+            tensor[list(dimensions)] = OUTLIER_GAIN
     return tensors
 
 
@@ -114,17 +191,19 @@ def write_bert_large_shape(directory: Path, seed: int = 0) -> Path:
     return write_checkpoint(directory, random_tensors(bert_large_shapes(), seed), config)
 
 
-def write_bert_base_pickle(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+def write_bert_base_pickle(directory: Path, tensors: dict[str, torch.Tensor], config: dict | None = None) -> None:
     """The 207-key pytorch_model.bin of bert-base-uncased, in its key order, with the decoder weight sharing
-    storage with the word embeddings as in the real file."""
+    storage with the word embeddings as in the real file. `tensors` of the small layout (and its `config`): the keys
+    of its layers, in the same order."""
     layout = reference_layout()
     state = {}
     for name in layout["pytorch_model.bin.keys_in_order"]:
         shared_with = layout["files"]["pytorch_model.bin"]["shared_storage"].get(name)
-        state[name] = tensors[shared_with] if shared_with else tensors[name]
+        if (shared_with or name) in tensors:
+            state[name] = tensors[shared_with] if shared_with else tensors[name]
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(state, directory / "pytorch_model.bin")
-    write_config_and_tokenizer(directory)
+    write_config_and_tokenizer(directory, config)
 
 
 def copy_checkpoint(source: Path, destination: Path, tensors: dict[str, torch.Tensor] | None = None) -> Path:

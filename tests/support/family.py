@@ -11,18 +11,11 @@ import transformers
 from tokenizers import AddedToken, ByteLevelBPETokenizer, SentencePieceUnigramTokenizer
 
 from support.helpers import randomize_weights
+from support.members import tiny_config
 
-# A RoBERTa-family config small enough for every test; one token type, 40 positions (38 tokens after padding_idx 1).
-TINY = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=40,
-    type_vocab_size=1,
-    num_labels=3,
-)
+# The family's tiny config (`support.members`) as RoBERTa's: one token type, 40 positions (38 tokens after padding_idx
+# 1).
+TINY = tiny_config("roberta")
 
 
 TEXTS = [

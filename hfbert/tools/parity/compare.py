@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hfbert.modeling.family import member
 from hfbert.tools.parity.engines.base import TorchEngine
 from hfbert.tools.parity.statistics import TOP_K, Row, Stats, allowed_error
 
@@ -27,9 +28,10 @@ def _eager_attention(*models: Any) -> Iterator[None]:
             model.set_attn_implementation(implementation)
 
 
-def _self_attention(layer: Any) -> torch.nn.Module:
-    """A transformers layer's self-attention: `attention.self` (BERT, RoBERTa), MPNet's `attention.attn`."""
-    return layer.attention.attn if hasattr(layer.attention, "attn") else layer.attention.self
+def _self_attention(layer: torch.nn.Module, where: str) -> torch.nn.Module:
+    """A transformers layer's self-attention, at the member's `reference_attention` (`attention.self`: BERT,
+    RoBERTa; MPNet's `attention.attn`)."""
+    return layer.get_submodule(where)
 
 
 def _ask_probabilities(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -37,10 +39,11 @@ def _ask_probabilities(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tup
 
 
 @contextmanager
-def _each_layer_attention(backbone: Any, receive: Callable[[int, Tensor], None]) -> Iterator[None]:
+def _each_layer_attention(backbone: Any, where: str, receive: Callable[[int, Tensor], None]) -> Iterator[None]:
     """`receive(index, probabilities)` called as each layer's self-attention returns its probabilities (eager:
     its second output, the one transformers' own `output_attentions` records), so that they are compared during
-    the forward instead of all layers held at once. A self-attention that returns them only when asked
+    the forward instead of all layers held at once. `where`: the self-attention's path in each layer (the member's
+    `reference_attention`). A self-attention that returns them only when asked
     (`output_attentions`, MPNet's) is asked here, and its output passed on without them, so that the encoder
     does not keep them either."""
 
@@ -53,7 +56,7 @@ def _each_layer_attention(backbone: Any, receive: Callable[[int, Tensor], None])
 
     handles = []
     for index, layer in enumerate(backbone.encoder.layer):
-        attention = _self_attention(layer)
+        attention = _self_attention(layer, where)
         asked = "output_attentions" in inspect.signature(attention.forward).parameters
         if asked:
             handles.append(attention.register_forward_pre_hook(_ask_probabilities, with_kwargs=True))
@@ -113,7 +116,8 @@ def compare_batch(
         rows[f"attentions layer {index}"].update(case, *layer, exact.transpose(1, 2)[real].flatten(0, 1))
         compared.append(index)
 
-    with _each_layer_attention(runners[2].backbone, compare):  # the float64 reference: eager, every output
+    where = member(runners[0].model.config.model_type).reference_attention  # the member, by hfbert's config
+    with _each_layer_attention(runners[2].backbone, where, compare):  # the float64 reference: eager, every output
         exact = _kept(run(runners[2], output_hidden_states=True))
     if not attentions:
         outputs = [_kept(run(runner, output_hidden_states=True)) for runner in runners[:2]]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from converters.dtypes import DTYPES
+from converters.errors import CheckpointError
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.platform.cpu import cpu_flags, cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
@@ -25,7 +26,7 @@ from hfbert.tools.parity.cases import LEFT_PADDING, Case, build_cases, default_t
 from hfbert.tools.parity.compare import compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
 from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine, installed_version
-from hfbert.tools.parity.reference import no_tf32, padding_blind_positions, position_offset
+from hfbert.tools.parity.engines.reference import no_tf32, padding_blind_positions, position_offset
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
 from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline
@@ -34,8 +35,6 @@ from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row,
 # hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference`: "packed" (its
 # default, precision "highest": judged by ACCURACY_RATIO) or "fast" (precision "high": judged by its own bound).
 LINEAR_KERNELS = (None, "standard", "packed", "fast")
-# The backbone-relative name of the token-type table: a checkpoint without one (MPNet's) takes no token_type_ids.
-TOKEN_TYPES = "embeddings.token_type_embeddings.weight"
 
 
 def fast_mode_bound() -> float:
@@ -240,7 +239,11 @@ def _load_models(
         facts.model_type,
         facts.mlm_head,
     )
-    ours, ran_kernel = hfbert_engine.load(paths.directory, spec, options.linear_kernel, options.ignore_auto_map)
+    if facts.family_error is not None:  # where hfbert's load finds it: after the tokenizer, before any model
+        raise facts.family_error
+    ours, ran_kernel = hfbert_engine.load(
+        paths.directory, spec, options.linear_kernel, options.ignore_auto_map, config=facts.config
+    )
     theirs, exact = transformers_engine.load(transformers, paths.reference_directory, spec)
     return ours, theirs, exact, ran_kernel
 
@@ -261,8 +264,10 @@ def _paths(
 
 @dataclass(frozen=True)
 class _CheckpointFacts:
-    """What the run knows of the checkpoint (and its reference) before the models load."""
+    """What the run knows of the checkpoint (and its reference) before the models load: its config.json, read once
+    (hfbert's model is built from it), and its family member's facts."""
 
+    config: Any  # hfbert's BertConfig (the member's config class) of the checkpoint's config.json
     has_pooler: bool
     has_mlm_head: bool
     hidden_size: int
@@ -272,14 +277,18 @@ class _CheckpointFacts:
     token_types: int  # type_vocab_size; 0 for a model without token-type embeddings (MPNet)
     weight_files: list[dict[str, Any]]
     reference_weight_files: list[dict[str, Any]]
+    # The loader's refusal of tensors named for another member than config.json's, naming config.json as it names
+    # it (hfbert's model is then loaded from `config`, not from the file): raised when the models load.
+    family_error: CheckpointError | None = None
 
     @classmethod
     def read(cls, paths: ParityPaths, ignore_auto_map: bool) -> _CheckpointFacts:
         from converters.checkpoint_files import read_checkpoint
         from converters.hub import CONFIG_FILE
-        from converters.key_map import LAYOUTS, LM_HEAD, MLM_HEAD, head_of, normalize_name
-        from converters.loading import check_auto_map
+        from converters.key_map import LM_HEAD, MLM_HEAD, head_of, normalize_name
+        from converters.loading import check_auto_map, check_family
         from hfbert.modeling.config import BertConfig
+        from hfbert.modeling.family import member
 
         reference_files = []
         if paths.reference is not None:  # checked as hfbert checks a config (naming the file), before transformers
@@ -288,22 +297,30 @@ class _CheckpointFacts:
         config = BertConfig.from_pretrained(paths.directory)
         if not ignore_auto_map:
             check_auto_map(config.to_dict().get("auto_map"), str(paths.directory / CONFIG_FILE))
-        layout = LAYOUTS[config.model_type]
+        family = member(config.model_type)
+        layout = family.key_layout
         mlm_head = next(prefix for prefix in layout.heads if prefix in (MLM_HEAD, LM_HEAD))
         checkpoint = read_checkpoint(paths.directory)
+        try:
+            check_family(family.classes["model"], config, checkpoint)
+            family_error = None
+        except CheckpointError as error:
+            family_error = error
         stored = {normalize_name(name, layout) for name in checkpoint.tensors}
         weight_files = describe_files(checkpoint.files)
         del checkpoint
         return cls(
+            config=config,
             has_pooler=any(name.startswith("pooler.") for name in stored),
             has_mlm_head=any(head_of(name, layout) == mlm_head for name in stored),
             hidden_size=config.hidden_size,
             model_type=config.model_type,
             mlm_head=mlm_head.removesuffix("."),
-            first_position=config.position_padding_idx + 1 if config.positions_after_padding else 0,
-            token_types=config.type_vocab_size if TOKEN_TYPES in stored else 0,
+            first_position=family.positions.first_position(config),
+            token_types=config.type_vocab_size if family.token_types else 0,
             weight_files=weight_files,
             reference_weight_files=reference_files,
+            family_error=family_error,
         )
 
 

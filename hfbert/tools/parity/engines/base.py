@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from hfbert.modeling.family import Member, member
 from hfbert.tools.extras import import_optional
 
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
@@ -271,8 +272,9 @@ def with_pooler(masked_lm_class: type, pooler_class: type) -> type:
 class ModelSpec(NamedTuple):
     """Which model hfbert and transformers load alike, and how it runs: the masked-LM model when the checkpoint has
     that head (its backbone with the checkpoint's pooler where it has one: `with_pooler`), else the backbone.
-    `model_type` is config.json's; `mlm_head` the masked-LM head's module name in that family's layout
-    (`cls.predictions`, RoBERTa's `lm_head`), the same in both libraries."""
+    `model_type` is config.json's (its `member` in the family table gives both libraries' classes); `mlm_head` the
+    masked-LM head's module name in that member's layout (`cls.predictions`, RoBERTa's `lm_head`), the same in both
+    libraries."""
 
     has_mlm_head: bool
     has_pooler: bool
@@ -281,6 +283,11 @@ class ModelSpec(NamedTuple):
     attn: str
     model_type: str = "bert"
     mlm_head: str = "cls.predictions"
+
+    @property
+    def member(self) -> Member:
+        """The family member config.json's `model_type` names (hfbert.modeling.family)."""
+        return member(self.model_type)
 
     def model_class(self, masked_lm: type, backbone: type, pooler: type) -> tuple[type, dict[str, Any]]:
         """The class to load, of one library's masked-LM model, backbone and pooler, and its loading options."""

@@ -4,22 +4,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine
 
 
 def load(
-    directory: Path, spec: ModelSpec, linear_kernel: str | None, ignore_auto_map: bool = False
+    directory: Path, spec: ModelSpec, linear_kernel: str | None, ignore_auto_map: bool = False, config: Any = None
 ) -> tuple[TorchEngine, str]:
-    """hfbert's model and what its linear layers run on ("F.linear", "oneDNN, packed", ...). `ignore_auto_map`:
-    as `from_pretrained` takes it."""
-    from hfbert.modeling.auto import MODEL_CLASSES
+    """hfbert's model and what its linear layers run on ("F.linear", "oneDNN, packed", ...). `ignore_auto_map` and
+    `config` (the checkpoint's config.json, already read: it is not read again): as `from_pretrained` takes them."""
     from hfbert.modeling.model import BertPooler
 
-    classes = MODEL_CLASSES[spec.model_type]
+    classes = spec.member.classes
     model_class, loading = spec.model_class(classes["masked-lm"], classes["model"], BertPooler)
     loading |= {"dtype": spec.dtype, "device": spec.device, "attn_implementation": spec.attn}
-    model = model_class.from_pretrained(directory, ignore_auto_map=ignore_auto_map, **loading)
+    model = model_class.from_pretrained(directory, config=config, ignore_auto_map=ignore_auto_map, **loading)
     ran_kernel = "F.linear"
     if linear_kernel in ("packed", "fast"):
         from hfbert.inference import optimize_for_inference, packed_layers

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from hfbert.modeling.family import Member
 from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine
 
 
@@ -17,9 +18,9 @@ def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngi
     reference: eager, once per batch for every output (why one eager run serves the sdpa rows too:
     hfbert.tools.parity). In float32 runs it shares transformers' weights (float64_twin); a bf16 or fp16 run loads
     its own, from the checkpoint's float32 values."""
-    from hfbert.tools.parity.reference import float64_twin, load_reference
+    from hfbert.tools.parity.engines.reference import float64_twin, load_reference
 
-    model_class, options = spec.model_class(*reference_classes(transformers, spec.model_type))
+    model_class, options = spec.model_class(*reference_classes(transformers, spec.member))
     attn = reference_attention(model_class, spec.attn)
     theirs = load_reference(transformers, model_class, directory, attn, spec.device, spec.dtype, **options)
     if spec.dtype == torch.float32:
@@ -37,12 +38,10 @@ def reference_attention(model_class: type, attn: str) -> str:
     return attn if attn == "eager" or getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
-def reference_classes(transformers: Any, model_type: str) -> tuple[type, type, type]:
-    """transformers' masked-LM model, backbone and pooler for config.json's `model_type`, as its Auto classes pick
+def reference_classes(transformers: Any, member: Member) -> tuple[type, type, type]:
+    """transformers' masked-LM model, backbone and pooler of a family member, by the names the family table gives
     them (BertForMaskedLM, BertModel, BertPooler; RobertaForMaskedLM, ...)."""
-    from transformers.models.auto import modeling_auto
-
-    masked_lm = getattr(transformers, modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type])
-    backbone = getattr(transformers, modeling_auto.MODEL_MAPPING_NAMES[model_type])
-    pooler = getattr(sys.modules[backbone.__module__], backbone.__name__.removesuffix("Model") + "Pooler")
+    masked_lm = getattr(transformers, member.reference_class("masked-lm"))
+    backbone = getattr(transformers, member.reference_class("model"))
+    pooler = getattr(sys.modules[backbone.__module__], f"{member.reference}Pooler")
     return masked_lm, backbone, pooler

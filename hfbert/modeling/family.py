@@ -1,0 +1,192 @@
+"""The family: one record per member (`Member`), and the table of them (`MEMBERS`). Every registry is read from it.
+
+A member is what config.json's `model_type` names: its config class, its classes by task, its tokenizer, whether it
+has token types, and the names transformers gives the same things (its class names, and where its layers keep their
+self-attention, for `hfbert parity`'s per-layer maps). Two facts ride on the config class, because the floors under
+this table need them when they read a config.json or a checkpoint: how the member counts positions (`positions`,
+`positions.py`) and how its checkpoints name their tensors (`key_layout`, `converters.key_map`). Its special tokens
+are its tokenizer class's.
+
+`hfbert.AutoModel*`, `AutoTokenizer`, `BertConfig.from_dict` (through the config classes), the checkpoint loader's
+family check, `hfbert parity`, `embed`, `convert` and `inspect` all find a member here. Adding one is a row below and
+its model file (docs/architecture.md, "Adding a member").
+
+    >>> member("xlm-roberta").classes["masked-lm"].__name__
+    'XLMRobertaForMaskedLM'
+    >>> member("mpnet").reference_class("masked-lm")
+    'MPNetForMaskedLM'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from converters.key_map import KeyLayout
+from hfbert.modeling import heads, mpnet, roberta
+from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.model import BertModel
+from hfbert.modeling.positions import PositionScheme
+from hfbert.modeling.pretrained import BertPreTrainedModel
+
+# transformers' class-name suffix of each task, in the order a member's classes are listed.
+TASK_SUFFIXES = {
+    "model": "Model",
+    "pretraining": "ForPreTraining",
+    "masked-lm": "ForMaskedLM",
+    "next-sentence": "ForNextSentencePrediction",
+    "sequence-classification": "ForSequenceClassification",
+    "token-classification": "ForTokenClassification",
+    "question-answering": "ForQuestionAnswering",
+    "multiple-choice": "ForMultipleChoice",
+}
+# transformers' tokenizers that build BERT's pipeline (BasicTokenizer + WordPiece, [CLS] / [SEP]) from a vocab.txt.
+WORDPIECE_TOKENIZERS = (
+    "BertTokenizer",
+    "DistilBertTokenizer",
+    "ElectraTokenizer",
+    "MobileBertTokenizer",
+    "SqueezeBertTokenizer",
+    "LayoutLMTokenizer",
+    "ConvBertTokenizer",
+    "LxmertTokenizer",
+    "RetriBertTokenizer",
+)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of the family, as config.json's `model_type` names it."""
+
+    model_type: str
+    config_class: type[BertConfig]
+    classes: dict[str, type[BertPreTrainedModel]]  # task ("model", "masked-lm", ...) -> hfbert class
+    tokenizer: str  # hfbert's tokenizer class, by name (hfbert.modeling.tokenizer loads the tokenizers library)
+    tokenizer_names: tuple[str, ...]  # transformers' `tokenizer_class` values that mean this tokenizer ("Fast" dropped)
+    token_types: bool  # whether the embeddings have `token_type_embeddings` (MPNet's have none)
+    reference: str  # transformers' class-name prefix ("XLMRoberta": XLMRobertaModel, XLMRobertaConfig, ...)
+    reference_attention: str  # where transformers' layer keeps its self-attention (parity's per-layer maps)
+
+    @property
+    def positions(self) -> PositionScheme:
+        """How the member counts positions (`positions.py`)."""
+        return self.config_class.positions
+
+    @property
+    def key_layout(self) -> KeyLayout:
+        """How its checkpoints name their tensors: the encoder's prefix in task models, the heads."""
+        return self.config_class.key_layout
+
+    def reference_class(self, task: str = "model") -> str:
+        """transformers' name of this member's class for `task`."""
+        return self.reference + TASK_SUFFIXES[task]
+
+
+MEMBERS: tuple[Member, ...] = (
+    Member(
+        model_type="bert",
+        config_class=BertConfig,
+        classes={
+            "model": BertModel,
+            "pretraining": heads.BertForPreTraining,
+            "masked-lm": heads.BertForMaskedLM,
+            "next-sentence": heads.BertForNextSentencePrediction,
+            "sequence-classification": heads.BertForSequenceClassification,
+            "token-classification": heads.BertForTokenClassification,
+            "question-answering": heads.BertForQuestionAnswering,
+            "multiple-choice": heads.BertForMultipleChoice,
+        },
+        tokenizer="BertTokenizer",
+        tokenizer_names=WORDPIECE_TOKENIZERS,
+        token_types=True,
+        reference="Bert",
+        reference_attention="attention.self",
+    ),
+    Member(
+        model_type="roberta",
+        config_class=roberta.RobertaConfig,
+        classes={
+            "model": roberta.RobertaModel,
+            "masked-lm": roberta.RobertaForMaskedLM,
+            "sequence-classification": roberta.RobertaForSequenceClassification,
+            "token-classification": roberta.RobertaForTokenClassification,
+            "question-answering": roberta.RobertaForQuestionAnswering,
+            "multiple-choice": roberta.RobertaForMultipleChoice,
+        },
+        tokenizer="RobertaTokenizer",
+        tokenizer_names=("RobertaTokenizer",),
+        token_types=True,
+        reference="Roberta",
+        reference_attention="attention.self",
+    ),
+    Member(
+        model_type="xlm-roberta",
+        config_class=roberta.XLMRobertaConfig,
+        classes={
+            "model": roberta.XLMRobertaModel,
+            "masked-lm": roberta.XLMRobertaForMaskedLM,
+            "sequence-classification": roberta.XLMRobertaForSequenceClassification,
+            "token-classification": roberta.XLMRobertaForTokenClassification,
+            "question-answering": roberta.XLMRobertaForQuestionAnswering,
+            "multiple-choice": roberta.XLMRobertaForMultipleChoice,
+        },
+        tokenizer="XLMRobertaTokenizer",
+        tokenizer_names=("XLMRobertaTokenizer",),
+        token_types=True,
+        reference="XLMRoberta",
+        reference_attention="attention.self",
+    ),
+    Member(
+        model_type="camembert",
+        config_class=roberta.CamembertConfig,
+        classes={
+            "model": roberta.CamembertModel,
+            "masked-lm": roberta.CamembertForMaskedLM,
+            "sequence-classification": roberta.CamembertForSequenceClassification,
+            "token-classification": roberta.CamembertForTokenClassification,
+            "question-answering": roberta.CamembertForQuestionAnswering,
+            "multiple-choice": roberta.CamembertForMultipleChoice,
+        },
+        tokenizer="XLMRobertaTokenizer",  # CamemBERT's SentencePiece files are XLM-R's layout
+        tokenizer_names=("CamembertTokenizer",),
+        token_types=True,
+        reference="Camembert",
+        reference_attention="attention.self",
+    ),
+    Member(
+        model_type="mpnet",
+        config_class=mpnet.MPNetConfig,
+        classes={
+            "model": mpnet.MPNetModel,
+            "masked-lm": mpnet.MPNetForMaskedLM,
+            "sequence-classification": mpnet.MPNetForSequenceClassification,
+            "token-classification": mpnet.MPNetForTokenClassification,
+            "question-answering": mpnet.MPNetForQuestionAnswering,
+            "multiple-choice": mpnet.MPNetForMultipleChoice,
+        },
+        tokenizer="MPNetTokenizer",
+        tokenizer_names=("MPNetTokenizer",),
+        token_types=False,
+        reference="MPNet",
+        reference_attention="attention.attn",
+    ),
+)
+
+BY_MODEL_TYPE: dict[str, Member] = {row.model_type: row for row in MEMBERS}
+# config.json's model_type -> how its checkpoints name their tensors (the loader's family check reads it).
+LAYOUTS: dict[str, KeyLayout] = {row.model_type: row.key_layout for row in MEMBERS}
+
+
+def member(model_type: str) -> Member:
+    """The member config.json's `model_type` names; ConfigError listing the known ones otherwise."""
+    if model_type not in BY_MODEL_TYPE:
+        raise ConfigError(f"model_type {model_type!r}: hfbert loads {', '.join(map(repr, BY_MODEL_TYPE))}")
+    return BY_MODEL_TYPE[model_type]
+
+
+def member_of(model: object) -> Member:
+    """The member a model (or model class) belongs to, by its config class."""
+    config_class = getattr(model, "config_class", None)
+    for row in MEMBERS:
+        if row.config_class is config_class:
+            return row
+    raise ConfigError(f"{type(model).__name__}: not a class of any hfbert member")
