@@ -450,6 +450,44 @@ def peers_mpnet(result: dict) -> list[str]:
     ]
 
 
+def peers_retrieval(result: dict) -> list[str]:
+    """Rows 8 and 9 (issue 52), in row 7's form: seconds of hfbert fp32 and int8 and of sentence-transformers, the
+    peer over hfbert against the goal, and the checks made before timing (fp32 within the row's tolerance of
+    sentence-transformers; int8 measured, lossy by design)."""
+    lines = []
+    for name in ("rerank", "sparse"):
+        row = result.get(name)
+        if not row:
+            continue
+        tokens, accuracy, int8 = row["tokens"], row["accuracy"], row["accuracy"]["int8"]
+        if name == "rerank":
+            job = f"8. rerank, {row['model']}, 1 query x {row['documents']} real texts"
+            check = f"scores max abs {accuracy['max_abs']:.1e}, same order: {accuracy['order_agrees']}"
+            calls = "CrossEncoder.rank"
+            lossy = ""
+        else:
+            job = f"9. SPLADE encode, {row['model']}, {row['texts']} real texts"
+            check = f"weights max abs {accuracy['max_abs']:.1e}, {accuracy['nonzero_differ']} entries differ in zeros"
+            calls = "SparseEncoder.encode"
+            lossy = f", {int8['nonzero_differ']} entries differ in zeros"
+        seconds = row["seconds"]
+        met = {ratio: "met" if row[ratio] >= row["goal"] else "MISS" for ratio in ("ratio", "ratio_int8")}
+        lines += [
+            "",
+            f"| {job} ({tokens['total']} tokens, median {tokens['median']:.0f}, max {tokens['max']}), batches of "
+            f"32 | hfbert {calls} fp32 | hfbert int8 | sentence-transformers {calls} fp32 |",
+            "|---|---|---|---|",
+            f"| seconds | {show_seconds(seconds['hfbert'])} | {show_seconds(seconds['hfbert int8'])} "
+            f"| {show_seconds(seconds['sentence-transformers'])} |",
+            f"| sentence-transformers / hfbert (goal >= {row['goal']:.1f}x) | {row['ratio']:.2f}x {met['ratio']} "
+            f"| {row['ratio_int8']:.2f}x {met['ratio_int8']} | 1.00x |",
+            f"| vs sentence-transformers | {check} (<= {row['tolerance']:.0e}): "
+            f"{'agree' if accuracy['agree'] else 'MISMATCH'} | relative RMS {int8['relative_rms']:.3f}, max abs "
+            f"{int8['max_abs']:.1e}{lossy} (lossy) | - |",
+        ]
+    return lines
+
+
 def peers_floor(result: dict) -> list[str]:
     floor = result.get("floor")
     if not floor:
@@ -490,7 +528,7 @@ def peers_markdown(result: dict, name: str = "peers", images: bool = True) -> st
     if images:
         alt = "hfbert's speed-up over each engine, per workload (engine time / hfbert's fastest engine's time)"
         lines += ["", f"![{alt}](images/{name}.png)"]
-    lines += ["", *peers_table(result), *peers_embed(result), *peers_floor(result)]
+    lines += ["", *peers_table(result), *peers_embed(result), *peers_retrieval(result), *peers_floor(result)]
     engines = peers_engines(result)
     if engines:
         lines += ["", "What each engine ran:", "", *engines]

@@ -247,6 +247,7 @@ def _sparse_embed(arguments: argparse.Namespace, directory: Path, device: str, t
         max_length=arguments.max_length,
         device=device,
         dtype=arguments.dtype,
+        quantize=arguments.quantize,
         ignore_auto_map=arguments.ignore_auto_map,
     )
     written = sparse_file(
@@ -281,6 +282,7 @@ def rerank_command(arguments: argparse.Namespace) -> None:
         max_length=arguments.max_length,
         device=arguments.device,
         dtype=arguments.dtype,
+        quantize=arguments.quantize,
         ignore_auto_map=arguments.ignore_auto_map,
     )
     documents = read_texts(arguments.file) if arguments.file else arguments.documents
@@ -700,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
         "folder's max_seq_length, else the tokenizer's model_max_length, at most the model's longest input)",
     )
     _device_options(rerank, None, "dtype of the model (default: as stored); scores are float32")
+    rerank.add_argument(
+        "--quantize", choices=list(QUANTIZATIONS), help="int8 weights and activations on CPU (faster, lossy)"
+    )
     _auto_map_option(rerank)
     _model_options(rerank)
     rerank.set_defaults(run=rerank_command, parser=rerank)
@@ -740,8 +745,6 @@ def _check_usage(parser: argparse.ArgumentParser, arguments: argparse.Namespace)
             for option, value in (("--pooling", arguments.pooling), ("--normalize", arguments.normalize)):
                 if value is not None:
                     embed.error(f"{option} does not apply to --sparse (SPLADE pools the masked-LM logits)")
-            if arguments.quantize is not None:
-                embed.error("--quantize does not apply to --sparse")
             if arguments.output is not None:
                 embed.error("give --sparse (a SPLADE checkpoint) or --output (bge-m3's outputs), not both")
     if arguments.command == "rerank":

@@ -165,11 +165,13 @@ def load_head_model(
     *,
     device: str = "cpu",
     dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
     ignore_auto_map: bool = False,
 ) -> Any:
     """The family's model for `task` ("sequence-classification", "masked-lm") from `directory`, in eval mode with
-    its linear layers packed for inference; ValueError naming the folder when the checkpoint has no tensor of the
-    task's head (transformers would initialise one at random: scores of noise)."""
+    its linear layers packed for inference (`quantize="int8"`: int8, as `optimize_for_inference`); ValueError naming
+    the folder when the checkpoint has no tensor of the task's head (transformers would initialise one at random:
+    scores of noise)."""
     from hfbert.inference import optimize_for_inference
     from hfbert.modeling.auto import model_class
     from hfbert.modeling.config import BertConfig
@@ -198,5 +200,6 @@ def load_head_model(
         raise ValueError(
             f"{directory}: the checkpoint has no {what} (no {head}* tensors in its weights); {cls.__name__} needs one"
         )
-    # fp32 packed weights give the plain model's numbers within hfbert's contract (a no-op off x86 CPUs).
-    return optimize_for_inference(model)
+    # fp32 packed weights give the plain model's numbers within hfbert's contract (a no-op off x86 CPUs); int8 is
+    # lossy, and only when asked.
+    return optimize_for_inference(model, quantize=quantize)

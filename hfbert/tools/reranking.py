@@ -48,8 +48,10 @@ __all__ = ["CHUNK_SIZE", "CrossEncoder", "default_activation", "rank_file"]
 class CrossEncoder:
     """A cross-encoder checkpoint (a local folder or Hub repo id with a classification head) scoring text pairs as
     sentence-transformers' `CrossEncoder` does (see the module docstring). `max_length`: tokens per pair (default:
-    the folder's); `activation_fn`: replaces the folder's default activation. `revision`, `cache_dir`, `token`: for a
-    Hub repo id. `ignore_auto_map=True`: load a checkpoint whose config.json points to custom code as plain BERT."""
+    the folder's); `activation_fn`: replaces the folder's default activation; `quantize="int8"`: the encoder in int8
+    weights and activations (faster, lossy: `hfbert/inference/int8.py`; the logits' own product stays fp32).
+    `revision`, `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose config.json
+    points to custom code as plain BERT."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class CrossEncoder:
         activation_fn: Callable[[Tensor], Tensor] | None = None,
         device: str = "cpu",
         dtype: str | torch.dtype | None = None,
+        quantize: str | None = None,
         revision: str | None = None,
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
@@ -82,7 +85,12 @@ class CrossEncoder:
                     f"scores pairs with a sequence-classification head"
                 )
         self.model = load_head_model(
-            directory, "sequence-classification", device=device, dtype=dtype, ignore_auto_map=ignore_auto_map
+            directory,
+            "sequence-classification",
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            ignore_auto_map=ignore_auto_map,
         )
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         if settings.do_lower_case:

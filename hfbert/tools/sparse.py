@@ -60,8 +60,9 @@ class SparseEncoder:
     """A SPLADE checkpoint (a local folder or Hub repo id with a masked-LM head) giving sparse vectors over its
     vocabulary as sentence-transformers' `SparseEncoder` does (see the module docstring). `max_length`: tokens per
     text (default: the folder's); `max_active_dims`: keep each vector's largest weights (default: the folder's, else
-    all). `revision`, `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose
-    config.json points to custom code as plain BERT."""
+    all); `quantize="int8"`: the encoder in int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`;
+    the vocabulary projection, tied to the word embeddings, stays fp32). `revision`, `cache_dir`, `token`: for a Hub
+    repo id. `ignore_auto_map=True`: load a checkpoint whose config.json points to custom code as plain BERT."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class SparseEncoder:
         max_active_dims: int | None = None,
         device: str = "cpu",
         dtype: str | torch.dtype | None = None,
+        quantize: str | None = None,
         revision: str | None = None,
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
@@ -82,7 +84,7 @@ class SparseEncoder:
         self.settings = settings = read_folder_settings(directory, "SparseEncoder")
         self.pooling_strategy, self.activation_function, self.source = splade_modules(directory, settings)
         self.model = load_head_model(
-            directory, "masked-lm", device=device, dtype=dtype, ignore_auto_map=ignore_auto_map
+            directory, "masked-lm", device=device, dtype=dtype, quantize=quantize, ignore_auto_map=ignore_auto_map
         )
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         if settings.do_lower_case:
