@@ -76,6 +76,19 @@ ROBERTA_KEYS = KeyLayout(
 # MPNet names its heads as RoBERTa does; its encoder's own names (`attention.attn.q`, `encoder.relative_attention_bias`)
 # are module names, loaded as they are.
 MPNET_KEYS = KeyLayout(prefix="mpnet.", heads=ROBERTA_KEYS.heads, tied_decoder=ROBERTA_KEYS.tied_decoder)
+# ModernBERT's task models keep the encoder at `model.`; `head` is the prediction head (dense, activation, norm) of its
+# masked-LM and classifiers alike, `decoder` the masked-LM's vocabulary projection (tied to the token embeddings, with
+# a bias of its own), `classifier` the classifiers' last Linear.
+PREDICTION_HEAD, DECODER = "head.", "decoder."
+MODERNBERT_KEYS = KeyLayout(
+    prefix="model.",
+    heads={
+        PREDICTION_HEAD: "prediction head",
+        DECODER: "masked-LM decoder",
+        CLASSIFIER_HEAD: "classification head",
+    },
+    tied_decoder={DECODER + "weight": "embeddings.tok_embeddings.weight"},
+)
 # BERT's names under their older constant names.
 BACKBONE_PREFIX, HEADS, TIED_DECODER = BERT_KEYS.prefix, BERT_KEYS.heads, BERT_KEYS.tied_decoder
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,

@@ -25,6 +25,15 @@ from hfbert.modeling.heads import (
     BertForTokenClassification,
 )
 from hfbert.modeling.model import BertModel
+from hfbert.modeling.modernbert import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForMultipleChoice,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+)
 from hfbert.modeling.mpnet import (
     MPNetConfig,
     MPNetForMaskedLM,
@@ -97,6 +106,14 @@ __all__ = [
     "ConfigError",
     "CrossEncoder",
     "MPNetConfig",
+    "ModernBertConfig",
+    "ModernBertForMaskedLM",
+    "ModernBertForMultipleChoice",
+    "ModernBertForQuestionAnswering",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertModel",
+    "ModernBertTokenizer",
     "MPNetForMaskedLM",
     "MPNetForMultipleChoice",
     "MPNetForQuestionAnswering",
@@ -129,7 +146,14 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # The tokenizer pulls in the `tokenizers` library; load it on first use so `import hfbert` stays light.
-    tokenizers = ("AutoTokenizer", "BertTokenizer", "MPNetTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer")
+    tokenizers = (
+        "AutoTokenizer",
+        "BertTokenizer",
+        "MPNetTokenizer",
+        "ModernBertTokenizer",
+        "RobertaTokenizer",
+        "XLMRobertaTokenizer",
+    )
     if name in (*tokenizers, "BatchEncoding"):
         from hfbert.modeling import tokenizer
 

@@ -5,10 +5,12 @@
 - `model.py`: `BertModel`, the encoder top to bottom (embeddings, layers, pooler), and the layer protocol;
 - `roberta.py`: RoBERTa, XLM-RoBERTa and CamemBERT, BERT with named differences, and their heads;
 - `mpnet.py`: MPNet, BERT's encoder with other names and a relative-position bias, and its heads;
+- `modernbert.py`: ModernBERT, its own encoder top to bottom (pre-LayerNorm, rotary, local windows, GeGLU), its heads;
 - `heads.py`: BERT's task models (`BertForMaskedLM`, ...);
 - `auto.py`: `AutoModel*`, the class config.json's model_type names;
 - `attention.py`: multi-head attention, eager and sdpa;
-- `positions.py`: position schemes (absolute, after the padding index);
+- `positions.py`: position schemes (absolute, after the padding index, rotary);
+- `rotary.py`: rotary position embeddings (the angle tables, the rotation);
 - `relative_position.py`: MPNet's relative-position buckets and bias;
 - `padding.py`: padded and padding-free batch layouts, the attention context they carry, and which one a call runs;
 - `pretrained.py`: what every model shares with transformers' (`from_pretrained`, `save_pretrained`, tying,

@@ -188,11 +188,11 @@ class BertConfig:
             value = getattr(self, name)
             if value is None and name == "classifier_dropout":
                 continue
-            if not _is_number(value) or not 0.0 <= value <= 1.0:
+            if not is_number(value) or not 0.0 <= value <= 1.0:
                 raise self._fail(name, f"must be a number in [0, 1], got {value!r}")
         for name in ("initializer_range", "layer_norm_eps"):
             value = getattr(self, name)
-            if not _is_number(value) or not 0 < value < math.inf:
+            if not is_number(value) or not 0 < value < math.inf:
                 raise self._fail(name, f"must be a positive number, got {value!r}")
         # hidden_size need not split into the heads here: transformers saves and reads such a config back, and only
         # its model refuses it. So does hfbert's (`check_heads`, naming the file the config came from).
@@ -303,6 +303,13 @@ class BertConfig:
         where = f"{source}: " if source else ""
         if not isinstance(values, dict):
             raise ConfigError(f"{where}expected a JSON object, got {type(values).__name__}")
+        # A family member's file gets its class, as transformers' AutoConfig gives it (its defaults fill gaps), and
+        # that class's fields are the known keys.
+        family_class = (
+            cls.members.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
+        )
+        if issubclass(family_class, cls):
+            cls = family_class
         # num_labels is accepted; the runtime attention setting is not read from files.
         known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source", "_attn_implementation"}
         typed = {key: value for key, value in values.items() if key in known}
@@ -314,12 +321,6 @@ class BertConfig:
         # transformers 5 reads it) and kept as an extra field, written back in step with dtype (`to_dict`).
         if typed.get("dtype") is None and extra.get("torch_dtype") is not None:
             typed["dtype"] = extra["torch_dtype"]
-        # A family member's file gets its class, as transformers' AutoConfig gives it (its defaults fill gaps).
-        family_class = (
-            cls.members.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
-        )
-        if issubclass(family_class, cls):
-            cls = family_class
         return cls(**typed, extra_fields=extra, source=source)
 
     @classmethod
@@ -474,5 +475,5 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

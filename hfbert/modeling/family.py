@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from converters.key_map import KeyLayout
-from hfbert.modeling import heads, mpnet, roberta
+from hfbert.modeling import heads, modernbert, mpnet, roberta
 from hfbert.modeling.config import BertConfig, ConfigError
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.positions import PositionScheme
@@ -168,6 +168,23 @@ MEMBERS: tuple[Member, ...] = (
         token_types=False,
         reference="MPNet",
         reference_attention="attention.attn",
+    ),
+    Member(
+        model_type="modernbert",
+        config_class=modernbert.ModernBertConfig,
+        classes={
+            "model": modernbert.ModernBertModel,
+            "masked-lm": modernbert.ModernBertForMaskedLM,
+            "sequence-classification": modernbert.ModernBertForSequenceClassification,
+            "token-classification": modernbert.ModernBertForTokenClassification,
+            "question-answering": modernbert.ModernBertForQuestionAnswering,
+            "multiple-choice": modernbert.ModernBertForMultipleChoice,
+        },
+        tokenizer="ModernBertTokenizer",
+        tokenizer_names=("ModernBertTokenizer",),
+        token_types=False,
+        reference="ModernBert",
+        reference_attention="attn",
     ),
 )
 

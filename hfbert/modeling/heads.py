@@ -360,19 +360,20 @@ class BertForSequenceClassification(_BertWithHead):
             output_hidden_states=output_hidden_states,
         )
         logits = self.classify(encoded)
-        loss = None
-        if labels is not None:
-            problem = self.problem_type(labels)
-            if problem == "regression":
-                if self.num_labels == 1:
-                    loss = F.mse_loss(logits.squeeze(), labels.squeeze())
-                else:
-                    loss = F.mse_loss(logits, labels)
-            elif problem == "single_label_classification":
-                loss = F.cross_entropy(logits, class_labels("labels", labels, self.num_labels, len(logits)))
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits, labels)
+        loss = self.loss(logits, labels) if labels is not None else None
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """transformers' loss for the problem type (`problem_type`): mean squared error, cross-entropy or binary
+        cross-entropy on the logits."""
+        problem = self.problem_type(labels)
+        if problem == "regression":
+            if self.num_labels == 1:
+                return F.mse_loss(logits.squeeze(), labels.squeeze())
+            return F.mse_loss(logits, labels)
+        if problem == "single_label_classification":
+            return F.cross_entropy(logits, class_labels("labels", labels, self.num_labels, len(logits)))
+        return F.binary_cross_entropy_with_logits(logits, labels)
 
 
 class BertForTokenClassification(_BertWithHead):
@@ -444,21 +445,33 @@ class BertForQuestionAnswering(_BertWithHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        start_logits, end_logits = self.qa_outputs(encoded.last_hidden_state).split(1, dim=-1)
-        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            # Positions outside the sequence (answers cut off by truncation) are clamped to one past the end and
-            # ignored, as in transformers.
-            ignored = start_logits.size(1)
-            start = start_positions.view(-1).clamp(0, ignored)
-            end = end_positions.view(-1).clamp(0, ignored)
-            loss = (
-                F.cross_entropy(start_logits, start, ignore_index=ignored)
-                + F.cross_entropy(end_logits, end, ignore_index=ignored)
-            ) / 2
-        output = QuestionAnsweringOutput(loss, start_logits, end_logits, encoded.hidden_states, encoded.attentions)
+        logits = self.qa_outputs(encoded.last_hidden_state)
+        output = answer_spans(logits, start_positions, end_positions, encoded.hidden_states, encoded.attentions)
         return self.finish(output, return_dict)
+
+
+def answer_spans(
+    logits: Tensor,
+    start_positions: Tensor | None,
+    end_positions: Tensor | None,
+    hidden_states: tuple[Tensor, ...] | None,
+    attentions: tuple[Tensor, ...] | None,
+) -> QuestionAnsweringOutput:
+    """(batch, sequence, 2) logits -> start and end logits, and transformers' loss when both positions are given."""
+    start_logits, end_logits = logits.split(1, dim=-1)
+    start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+    loss = None
+    if start_positions is not None and end_positions is not None:
+        # Positions outside the sequence (answers cut off by truncation) are clamped to one past the end and
+        # ignored, as in transformers.
+        ignored = start_logits.size(1)
+        start = start_positions.view(-1).clamp(0, ignored)
+        end = end_positions.view(-1).clamp(0, ignored)
+        loss = (
+            F.cross_entropy(start_logits, start, ignore_index=ignored)
+            + F.cross_entropy(end_logits, end, ignore_index=ignored)
+        ) / 2
+    return QuestionAnsweringOutput(loss, start_logits, end_logits, hidden_states, attentions)
 
 
 class BertForMultipleChoice(_BertWithHead):

@@ -314,6 +314,15 @@ class BertModel(BertPreTrainedModel):
         return self.encoder.checkpointed(layer_index)
 
     @property
+    def checkpointing(self) -> Checkpointing:
+        """Which layers are recomputed in the backward pass, and how (kept by the encoder, which runs the layers)."""
+        return self.encoder.checkpointing
+
+    @checkpointing.setter
+    def checkpointing(self, checkpointing: Checkpointing) -> None:
+        self.encoder.checkpointing = checkpointing
+
+    @property
     def gradient_checkpointing(self) -> bool:
         """Whether checkpointing is on: the attribute transformers' models have and PEFT reads on every module."""
         return self.encoder.checkpointing.enabled

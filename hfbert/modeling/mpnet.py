@@ -177,19 +177,20 @@ class MPNetEncoder(BertEncoder):
         return super().forward(hidden_states, batch, output_hidden_states, output_attentions)
 
 
-def check_no_token_types(keywords: dict[str, Any]) -> None:
-    """The keywords an MPNet forward takes beyond transformers' named arguments: `token_type_ids` only. MPNet has no
-    token-type embeddings: all-zero ids (what a BERT tokenizer gives one text) mean nothing and are accepted; any
-    other id would be silently dropped, so it is refused. Any other keyword is refused rather than dropped unseen
-    (`BertPreTrainedModel.accepts_loss_kwargs` keeps the Trainer from passing `num_items_in_batch`)."""
+def check_no_token_types(keywords: dict[str, Any], member: str = "MPNet") -> None:
+    """The keywords a forward of a member without token types (MPNet, ModernBERT) takes beyond transformers' named
+    arguments: `token_type_ids` only. Without token-type embeddings, all-zero ids (what a BERT tokenizer gives one
+    text) mean nothing and are accepted; any other id would be silently dropped, so it is refused. Any other keyword
+    is refused rather than dropped unseen (`BertPreTrainedModel.accepts_loss_kwargs` keeps the Trainer from passing
+    `num_items_in_batch`)."""
     unknown = sorted(set(keywords) - {"token_type_ids"})
     if unknown:
-        raise TypeError(f"MPNet's forward got unexpected keyword arguments {unknown}")
+        raise TypeError(f"{member}'s forward got unexpected keyword arguments {unknown}")
     token_type_ids = keywords.get("token_type_ids")
     if token_type_ids is not None and bool((token_type_ids != 0).any()):
         raise ValueError(
-            "token_type_ids: MPNet has no token types (no token_type_embeddings), but non-zero ids were given; "
-            "pass none (MPNet's tokenizer gives none) or all zeros"
+            f"token_type_ids: {member} has no token types (no token_type_embeddings), but non-zero ids were given; "
+            f"pass none ({member}'s tokenizer gives none) or all zeros"
         )
 
 

@@ -100,7 +100,8 @@ def window_mask(length: int, window: int, device: torch.device | None = None) ->
 
 def windowed(key_mask: Tensor | None, bias: Tensor | None, length: int, window: int | None, device: torch.device):
     """The key mask and bias of one attention call with a window applied: folded into the bias where there is one
-    (its key mask is already in it), else into the mask."""
+    (its key mask is already in it), else into the mask. A pad query whose window holds only pads is then left to
+    each kernel's own rule, as in transformers: equal weights everywhere in eager, a zero context in sdpa."""
     if window is None:
         return key_mask, bias
     band = window_mask(length, window, device)

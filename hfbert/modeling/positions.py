@@ -8,6 +8,8 @@ table's padding row (`padding_index`) and the first position a real token gets (
 - `AbsolutePositions` (BERT): learned positions counted from 0 at the first column, padding included.
 - `PositionsAfterPadding` (RoBERTa, XLM-R, CamemBERT, MPNet): fairseq's `make_positions`, counted from
   `padding_index + 1` over each row's real tokens, `padding_index` at pads; the table loses `padding_index + 1` rows.
+- `RotaryPositions` (ModernBERT): no table; each column's index rotates its query and key inside attention
+  (`rotary.py`), counted from 0 at the first column, padding included (as transformers 5 counts them).
 
 Positions that act inside attention ride on the batch layout (`padding.py`): an additive bias over column
 distances (MPNet's relative bias, `with_attention_bias`), and position ids in the layout's own token order for
@@ -95,6 +97,19 @@ def positions_after_padding(input_ids: Tensor | None, inputs_embeds: Tensor | No
         return torch.arange(padding_idx + 1, inputs_embeds.shape[1] + padding_idx + 1, device=inputs_embeds.device)
     real = input_ids.ne(padding_idx).long()
     return real.cumsum(dim=1) * real + padding_idx
+
+
+class RotaryPositions(AbsolutePositions):
+    """ModernBERT's rotary positions: the column index, handed to attention on the batch layout (`in_attention`),
+    where it rotates queries and keys. Only relative positions reach the scores, so left padding shifts nothing that
+    a real token sees; the limit is `max_position_embeddings`, the context the model was trained on."""
+
+    name = "rotary"
+    in_attention = True
+
+    def position_ids(self, config: Any, input_ids: Tensor | None, inputs_embeds: Tensor | None) -> Tensor:
+        reference = input_ids if input_ids is not None else inputs_embeds
+        return torch.arange(reference.shape[1], device=reference.device)
 
 
 PositionScheme = AbsolutePositions  # the interface every scheme has

@@ -247,7 +247,7 @@ class BertPreTrainedModel(nn.Module):
         is made to require grad, so that gradients reach trainable layers behind frozen embeddings (PEFT) and the
         reentrant variant works.
         """
-        self.backbone.encoder.checkpointing = Checkpointing(
+        self.backbone.checkpointing = Checkpointing(
             enabled=True,
             every_n_layers=every_n_layers,
             offload=offload,
@@ -262,15 +262,15 @@ class BertPreTrainedModel(nn.Module):
 
     def activation_checkpointing_disable(self) -> None:
         # The input-grad hook stays, as in transformers: PEFT may have asked for it too, and it costs nothing.
-        encoder = self.backbone.encoder
-        encoder.checkpointing = replace(encoder.checkpointing, enabled=False)
+        backbone = self.backbone
+        backbone.checkpointing = replace(backbone.checkpointing, enabled=False)
 
     def gradient_checkpointing_disable(self) -> None:
         self.activation_checkpointing_disable()
 
     @property
     def is_activation_checkpointing(self) -> bool:
-        return self.backbone.encoder.checkpointing.enabled
+        return self.backbone.checkpointing.enabled
 
     @property
     def is_gradient_checkpointing(self) -> bool:

@@ -7,8 +7,10 @@ WordPiece -> `[CLS] A [SEP] B [SEP]`. `RobertaTokenizer` (byte-level BPE, from `
 the file's model and added tokens and build the rest of the pipeline from tokenizer_config.json as transformers 5
 does: `<s> A </s></s> B </s>`, no token types, no normalizer but SentencePiece's own (so no lowercasing).
 `MPNetTokenizer` (from `tokenizer.json` or `vocab.txt`) is BERT's WordPiece pipeline with RoBERTa's framing.
-`AutoTokenizer` picks the class from tokenizer_config.json's `tokenizer_class` or config.json's `model_type`.
-The four share everything after the pipeline: encoding, padding and truncation (transformers' rules: argument
+`ModernBertTokenizer` (byte-level BPE, from `tokenizer.json` only) runs that file's whole pipeline as it is, as
+transformers 5's generic TokenizersBackend does. `AutoTokenizer` picks the class from tokenizer_config.json's
+`tokenizer_class` or config.json's `model_type` (transformers' generic class names leave it to `model_type`).
+The five share everything after the pipeline: encoding, padding and truncation (transformers' rules: argument
 defaults, `model_max_length`, strategies), decoding and saving. tokenizer_config.json sets a call's defaults as in
 transformers 5: `padding_side`, `truncation_side` (else the direction tokenizer.json stores, else "right"),
 `model_input_names` (which of token_type_ids / attention_mask a call returns), `split_special_tokens`,
@@ -61,6 +63,7 @@ __all__ = [
     "BatchEncoding",
     "BertTokenizer",
     "MPNetTokenizer",
+    "ModernBertTokenizer",
     "RobertaTokenizer",
     "XLMRobertaTokenizer",
     "model_max_length",
@@ -100,6 +103,8 @@ class BertTokenizer:
     pipeline_options: dict[str, Any] = {}
     # The named special tokens that take the space before them even when the config gives them as a plain string.
     lstrip_tokens: tuple[str, ...] = ()
+    # The `tokenizer_class` save_pretrained writes (None: the class's own name, which transformers knows).
+    saved_tokenizer_class: str | None = None
     unk_token_id: int | None
     sep_token_id: int | None
     pad_token_id: int | None
@@ -448,7 +453,8 @@ class BertTokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
             tokenizer_json = self._tokenizer.to_str(pretty=True)
-        config: dict[str, Any] = {"tokenizer_class": type(self).__name__, **self._saved_options()}
+        name = self.saved_tokenizer_class or type(self).__name__
+        config: dict[str, Any] = {"tokenizer_class": name, **self._saved_options()}
         config.update(self.special_tokens, model_max_length=self.model_max_length)
         config["clean_up_tokenization_spaces"] = self.clean_up_tokenization_spaces
         if self.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output:
@@ -636,6 +642,53 @@ class MPNetTokenizer(BertTokenizer):
         tokenizer.post_processor = _roberta_processing(tokenizer, config, cls.special_token_defaults)
 
 
+class ModernBertTokenizer(BertTokenizer):
+    """ModernBERT's byte-level BPE tokenizer (answerdotai/ModernBERT-base, gte-modernbert-base, modernbert-embed),
+    as transformers 5 loads it: its generic TokenizersBackend (the class transformers uses for config.json's
+    model_type "modernbert", whatever tokenizer_class says) runs `tokenizer.json` as the file says.
+
+    So the file's whole pipeline is kept (NFC normalizer, ByteLevel pre-tokenizer and decoder, BPE model, the
+    `[CLS] $A [SEP] ($B [SEP])` template, added tokens with their flags: `[MASK]` takes the space before it) and
+    nothing is rebuilt from tokenizer_config.json, which gives only the call defaults (`model_input_names`, default
+    `("input_ids", "attention_mask")`: no token types), the special tokens' names (BERT's texts where it names none),
+    and tokens its `added_tokens_decoder` lists that the file lacks or flags otherwise. A folder without
+    tokenizer.json is refused. `clean_up_tokenization_spaces: true`, as ModernBERT's config sets it, is ignored in
+    decoding, as transformers 5 ignores it for every BPE model."""
+
+    model_input_names = ("input_ids", "attention_mask")
+    # transformers has no ModernBertTokenizer: its own generic name, which transformers 4.x reads too (5.x's
+    # "TokenizersBackend" it would not).
+    saved_tokenizer_class = "PreTrainedTokenizerFast"
+
+    @classmethod
+    def _backend(cls, directory: Path, config: dict[str, Any], own: dict[str, Any]) -> Tokenizer:
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{directory}: no tokenizer.json (ModernBERT's tokenizer is read from it; vocab.json + merges.txt "
+                f"or other files alone are not enough)"
+            )
+        tokenizer = _read_tokenizer_json(path)
+        _check_model(tokenizer, models.BPE, path, cls.__name__)
+        # transformers re-adds each token of the config's list that the file does not hold exactly so, flags and
+        # all: the tokenizers library then takes the config's flags for a token it has.
+        held = {repr(token) for token in tokenizer.get_added_tokens_decoder().values()}
+        for token in _decoder_tokens(own):
+            if repr(token) not in held:
+                tokenizer.add_tokens([token])  # keeps the token's own `special` flag
+        return tokenizer
+
+    @classmethod
+    def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+        # transformers keeps the file's post-processor (it drops the config's add_bos_token / add_eos_token when
+        # there is a tokenizer.json); for a file without one it builds the template of neither: no [CLS] / [SEP].
+        if tokenizer.post_processor is None:
+            tokenizer.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")
+
+    def _vocabulary_files(self) -> dict[str, str]:
+        return {}
+
+
 # transformers' tokenizer classes (its `tokenizer_class`, "Fast" dropped) and model types -> hfbert's class, from the
 # family table.
 _TOKENIZER_CLASSES: dict[str, type[BertTokenizer]] = {
@@ -646,7 +699,8 @@ _MODEL_TYPES: dict[str, type[BertTokenizer]] = {row.model_type: globals()[row.to
 
 class AutoTokenizer:
     """The tokenizer class a checkpoint asks for, as transformers' AutoTokenizer picks it: tokenizer_config.json's
-    `tokenizer_class`, else config.json's `model_type`; BertTokenizer when neither names one hfbert has.
+    `tokenizer_class`, else config.json's `model_type`; BertTokenizer when neither names one hfbert has. A generic
+    `tokenizer_class` (PreTrainedTokenizerFast, TokenizersBackend) names none; model_type "modernbert" wins over any.
 
         >>> tokenizer = AutoTokenizer.from_pretrained("path/to/xlm-roberta-base")  # doctest: +SKIP
         >>> type(tokenizer).__name__  # doctest: +SKIP
@@ -673,12 +727,26 @@ class AutoTokenizer:
         return _tokenizer_class(directory).from_pretrained(directory, **options)
 
 
+# transformers' generic tokenizer classes: they run whatever tokenizer.json holds, so they say nothing of which
+# pipeline a checkpoint needs (ModernBERT's Hub files name "PreTrainedTokenizerFast", transformers 5 writes
+# "TokenizersBackend"); config.json's model_type decides, and no family row may claim them.
+_GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend")
+# The model types transformers 5 loads with that generic class whatever tokenizer_class says (its
+# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): their model_type wins over the file's tokenizer_class.
+_MODEL_TYPES_OVER_TOKENIZER_CLASS = ("modernbert",)
+
+
 def _tokenizer_class(directory: Path) -> type[BertTokenizer]:
     named = read_tokenizer_options(directory / "tokenizer_config.json").get("tokenizer_class")
-    if isinstance(named, str) and named.removesuffix("Fast") in _TOKENIZER_CLASSES:
-        return _TOKENIZER_CLASSES[named.removesuffix("Fast")]
     model_type = read_json_object(directory / "config.json", missing_ok=True).get("model_type")
-    return _MODEL_TYPES.get(model_type, BertTokenizer) if isinstance(model_type, str) else BertTokenizer
+    model_type = model_type if isinstance(model_type, str) else None
+    if model_type in _MODEL_TYPES_OVER_TOKENIZER_CLASS and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    if isinstance(named, str) and named not in _GENERIC_TOKENIZER_CLASSES:
+        specific = _TOKENIZER_CLASSES.get(named.removesuffix("Fast"))
+        if specific is not None:
+            return specific
+    return _MODEL_TYPES.get(model_type, BertTokenizer) if model_type is not None else BertTokenizer
 
 
 def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None, subfolder: str = "") -> Path:

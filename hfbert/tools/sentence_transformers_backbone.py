@@ -92,7 +92,9 @@ def _hfbert_from_transformers(encoder: torch.nn.Module, attn_implementation: str
     config = BertConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
     with torch.device("meta"):  # no memory, no random init: the parameters are assigned below
         backbone = member(config.model_type).classes["model"](
-            config, add_pooling_layer=encoder.pooler is not None, attn_implementation=attn_implementation
+            config,
+            add_pooling_layer=getattr(encoder, "pooler", None) is not None,
+            attn_implementation=attn_implementation,
         )
     # keep_vars + assign: the very Parameter objects move over, so an optimizer built before the swap still
     # holds them. load_state_dict sets requires_grad from the new module; restore which ones were frozen.

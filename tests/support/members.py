@@ -38,6 +38,16 @@ DIFFERENCES: dict[str, dict] = {
     "xlm-roberta": {"type_vocab_size": 1},
     "camembert": {"type_vocab_size": 1},
     "mpnet": {"layer_norm_eps": 1e-5},  # all-mpnet-base-v2's; MPNet has no token types
+    # Special ids inside the tiny vocabulary (the tokenizer's, `support.modernbert_tokenizer`); a window of 2 columns
+    # each side, shorter than the test batches, so that the local layer (layer 1 of 2) differs from a global one.
+    "modernbert": {
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "cls_token_id": 1,
+        "eos_token_id": 2,
+        "sep_token_id": 2,
+        "local_attention": 4,
+    },
 }
 MODEL_TYPES = [row.model_type for row in MEMBERS]
 # Every (model_type, task) of the family, in the table's order.
@@ -101,12 +111,19 @@ def _all_mpnet(directory: Path, request) -> None:
         shutil.copy(real / name, directory / name)
 
 
+def _modernbert(directory: Path, request) -> None:
+    from support.modernbert_tokenizer import modernbert_tokenizer
+
+    modernbert_tokenizer(directory)  # ModernBERT's shape: byte-level BPE, [CLS] / [SEP], no token types
+
+
 TOKENIZERS: dict[str, Callable[[Path, object], None]] = {
     "bert": _minilm,
     "roberta": _trained("roberta"),
     "xlm-roberta": _trained("xlm-roberta"),
     "camembert": _trained("camembert"),
     "mpnet": _all_mpnet,
+    "modernbert": _modernbert,
 }
 
 

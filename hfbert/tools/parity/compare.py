@@ -55,7 +55,8 @@ def _each_layer_attention(backbone: Any, where: str, receive: Callable[[int, Ten
         return received
 
     handles = []
-    for index, layer in enumerate(backbone.encoder.layer):
+    layers = backbone.layers if hasattr(backbone, "layers") else backbone.encoder.layer  # ModernBERT's, BERT's
+    for index, layer in enumerate(layers):
         attention = _self_attention(layer, where)
         asked = "output_attentions" in inspect.signature(attention.forward).parameters
         if asked:
@@ -70,7 +71,7 @@ def _each_layer_attention(backbone: Any, where: str, receive: Callable[[int, Ten
 
 def _kept(output: Any) -> tuple[tuple[Tensor, ...], Tensor | None, Tensor]:
     """What is compared of a backbone's output: its hidden states, pooler output and last hidden state."""
-    return output.hidden_states, output.pooler_output, output.last_hidden_state
+    return output.hidden_states, getattr(output, "pooler_output", None), output.last_hidden_state
 
 
 def _real_rows(x: Tensor, real: Tensor, all_real: bool) -> Tensor:

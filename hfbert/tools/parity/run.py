@@ -15,6 +15,7 @@ import torch
 
 from converters.dtypes import DTYPES
 from converters.errors import CheckpointError
+from converters.key_map import DECODER, LM_HEAD, MLM_HEAD
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.platform.cpu import cpu_flags, cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
@@ -35,6 +36,14 @@ from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row,
 # hfbert's linear layers as built (`nn.Linear`), or swapped by `hfbert.optimize_for_inference`: "packed" (its
 # default, precision "highest": judged by ACCURACY_RATIO) or "fast" (precision "high": judged by its own bound).
 LINEAR_KERNELS = (None, "standard", "packed", "fast")
+
+
+# The masked-LM head of each layout, by the tensor prefix that marks it, as the module (or modules, joined by "+",
+# applied in turn) that turns the last hidden state into logits in both libraries.
+MLM_HEADS = {MLM_HEAD: "cls.predictions", LM_HEAD: "lm_head", DECODER: "head+decoder"}
+# The longest sequence the battery runs: past it, the attention maps compared per layer (heads x length^2, in three
+# models, one in float64) outgrow a 24 GB machine (ModernBERT's 8,192 tokens would need about 6 GB per layer).
+MAX_BATTERY_LENGTH = 2048
 
 
 def fast_mode_bound() -> float:
@@ -169,7 +178,12 @@ def run_parity(
     battery_texts = list(options.texts or default_texts())
     first_position = facts.first_position
     cases = build_cases(
-        tokenizer, battery_texts, options.batch_size, config.max_sequence_length, facts.token_types, first_position
+        tokenizer,
+        battery_texts,
+        options.batch_size,
+        min(config.max_sequence_length, MAX_BATTERY_LENGTH),
+        facts.token_types,
+        first_position,
     )
     gives_types = "token_type_ids" in cases[0].batches[0]  # XLM-R's tokenizer gives none, whatever the model has
     for check in checks:
@@ -285,7 +299,7 @@ class _CheckpointFacts:
     def read(cls, paths: ParityPaths, ignore_auto_map: bool) -> _CheckpointFacts:
         from converters.checkpoint_files import read_checkpoint
         from converters.hub import CONFIG_FILE
-        from converters.key_map import LM_HEAD, MLM_HEAD, head_of, normalize_name
+        from converters.key_map import head_of, normalize_name
         from converters.loading import check_auto_map, check_family
         from hfbert.modeling.config import BertConfig
         from hfbert.modeling.family import member
@@ -299,7 +313,7 @@ class _CheckpointFacts:
             check_auto_map(config.to_dict().get("auto_map"), str(paths.directory / CONFIG_FILE))
         family = member(config.model_type)
         layout = family.key_layout
-        mlm_head = next(prefix for prefix in layout.heads if prefix in (MLM_HEAD, LM_HEAD))
+        mlm_head = next(prefix for prefix in layout.heads if prefix in MLM_HEADS)
         checkpoint = read_checkpoint(paths.directory)
         try:
             check_family(family.classes["model"], config, checkpoint)
@@ -315,7 +329,7 @@ class _CheckpointFacts:
             has_mlm_head=any(head_of(name, layout) == mlm_head for name in stored),
             hidden_size=config.hidden_size,
             model_type=config.model_type,
-            mlm_head=mlm_head.removesuffix("."),
+            mlm_head=MLM_HEADS[mlm_head],
             first_position=family.positions.first_position(config),
             token_types=config.type_vocab_size if family.token_types else 0,
             weight_files=weight_files,

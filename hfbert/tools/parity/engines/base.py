@@ -298,7 +298,9 @@ class ModelSpec(NamedTuple):
     def engine(self, model: Any) -> TorchEngine:
         """`model`, of `model_class`, as the comparison calls it."""
         if self.has_mlm_head:
-            return TorchEngine(model, getattr(model, model.base_model_prefix), model.get_submodule(self.mlm_head))
+            parts = [model.get_submodule(name) for name in self.mlm_head.split("+")]
+            head = parts[0] if len(parts) == 1 else torch.nn.Sequential(*parts)  # ModernBERT's `head`, `decoder`
+            return TorchEngine(model, getattr(model, model.base_model_prefix), head)
         return TorchEngine(model, model, None)
 
 
@@ -312,6 +314,7 @@ class TorchEngine(NamedTuple):
     def run(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         output = self.backbone(**batch, return_dict=True)
         named = {"last_hidden_state": output.last_hidden_state}
-        if output.pooler_output is not None:
-            named["pooler_output"] = output.pooler_output
+        pooler_output = getattr(output, "pooler_output", None)  # transformers' ModernBERT output has no such field
+        if pooler_output is not None:
+            named["pooler_output"] = pooler_output
         return named
