@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import hfbert
-from hfbert.modeling.padding import PackedBatch, PaddedBatch, key_padding_mask
+from hfbert.modeling import local_attention, padding
+from hfbert.modeling.padding import BAND_FROM, PackedBatch, PaddedBatch, key_padding_mask
 
 HEADS, HIDDEN = 2, 8
 
@@ -44,6 +45,45 @@ def test_a_window_on_either_layout_equals_attention_written_out(implementation, 
     for row, length in enumerate(lengths):
         torch.testing.assert_close(padded[row, :length].double(), expected[row], atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(packed[row, :length].double(), expected[row], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["right", "left", "holes"])
+@pytest.mark.parametrize(("window", "block"), [(1, None), (3, None), (3, 5), (4, 64)])
+def test_a_long_window_runs_as_a_band_equal_to_attention_written_out(window, block, side, monkeypatch):
+    """Past BAND_FROM windows the sdpa kernel runs the band (`local_attention.py`), blocks of queries against the keys
+    they can see: each real query's output equals attention written out, with every padding side; lengths that are
+    no multiple of the block, a block longer than the sequence."""
+    torch.manual_seed(2)
+    lengths, width = [61, 40, 7], 61
+    assert width > BAND_FROM * window
+    mask = torch.zeros((3, width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    if side == "left":
+        mask = mask.flip(1)
+    elif side == "holes":  # real tokens with pads between them: the band must read the key mask, not a length
+        mask[0, 10:20] = 0
+    calls = []
+    band = local_attention.banded_attention
+
+    def counted(*arguments, **options):
+        calls.append(arguments[0].shape)
+        return band(*arguments, **options if block is None else {**options, "block": block})
+
+    monkeypatch.setattr(padding, "banded_attention", counted)
+    query, key, value = (torch.randn(3, width, HIDDEN) for _ in range(3))
+    options = dict(num_heads=HEADS, scale=(HIDDEN // HEADS) ** -0.5, dropout=0.0, window=window)
+    context, _ = PaddedBatch(key_padding_mask(mask), "sdpa").attend(query, key, value, **options)
+    assert calls, "the band did not run"
+    real = mask.bool()
+    for row in range(3):
+        columns = real[row].nonzero().flatten()
+        q, k, v = (t[row].double().view(width, HEADS, -1).transpose(0, 1) for t in (query, key, value))
+        scores = q @ k.transpose(-1, -2) * (HIDDEN // HEADS) ** -0.5
+        distance = (torch.arange(width)[None, :] - torch.arange(width)[:, None]).abs()
+        scores = scores.masked_fill((distance > window) | ~real[row][None, :], float("-inf"))
+        expected = (scores.softmax(-1) @ v).transpose(0, 1).reshape(width, HIDDEN)
+        torch.testing.assert_close(context[row, columns].double(), expected[columns], atol=1e-6, rtol=1e-5)
 
 
 def test_a_window_also_bounds_an_attention_bias():

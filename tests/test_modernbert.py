@@ -204,3 +204,23 @@ def test_a_checkpoint_under_another_members_config_is_refused(saved, claimed, tm
     (tmp_path / "config.json").write_text(json.dumps(other))
     with pytest.raises(hfbert.CheckpointError, match=r"model\.safetensors: tensor '(model|bert)\..*' is named as"):
         hfbert.AutoModelForMaskedLM.from_pretrained(tmp_path)
+
+
+def test_inspect_names_the_global_and_local_layers_their_window_and_rotary_bases(tmp_path, capsys):
+    """`hfbert inspect` on a checkpoint transformers wrote: the layer kinds as transformers' config lists them."""
+    from hfbert.cli import main
+
+    values = {**tiny_config("modernbert"), "num_hidden_layers": 5, "local_attention": 6}
+    config = transformers.ModernBertConfig(**values, global_attn_every_n_layers=2, local_rope_theta=5_000.0)
+    transformers.ModernBertModel(config).save_pretrained(tmp_path)
+    assert main(["inspect", str(tmp_path)]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("attention")]
+    kinds = config.layer_types
+    glob = [str(index) for index, kind in enumerate(kinds) if kind == "full_attention"]
+    local = [str(index) for index, kind in enumerate(kinds) if kind == "sliding_attention"]
+    thetas = {kind: config.rope_parameters[kind]["rope_theta"] for kind in ("full_attention", "sliding_attention")}
+    assert shown == [
+        f"attention   global layers {', '.join(glob)} (rotary theta {thetas['full_attention']:g}); "
+        f"local layers {', '.join(local)} ({config.sliding_window} columns each side, rotary theta "
+        f"{thetas['sliding_attention']:g})"
+    ]

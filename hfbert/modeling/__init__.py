@@ -9,6 +9,7 @@
 - `heads.py`: BERT's task models (`BertForMaskedLM`, ...);
 - `auto.py`: `AutoModel*`, the class config.json's model_type names;
 - `attention.py`: multi-head attention, eager and sdpa;
+- `local_attention.py`: attention within a window, computed as a band (cost length x window);
 - `positions.py`: position schemes (absolute, after the padding index, rotary);
 - `rotary.py`: rotary position embeddings (the angle tables, the rotation);
 - `relative_position.py`: MPNet's relative-position buckets and bias;

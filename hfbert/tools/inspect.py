@@ -35,6 +35,10 @@ _CONFIG_FIELDS = (
 )  # fmt: skip
 
 
+# Shown on lines of their own, or summed up there (ModernBERT's layer pattern, window and rotary bases).
+_SHOWN_APART = (*_CONFIG_FIELDS, "attention", "layer_types", "rope_parameters", "local_attention", "hidden_activation")
+
+
 def summary(directory: Path) -> dict[str, Any]:
     """What `describe` prints, as data (`hfbert inspect --json`): config, custom code (`auto_map` and why hfbert
     refuses to load it; null when none), files, tensors, parameter counts. CheckpointError, the loaders' own, when
@@ -106,8 +110,30 @@ def config_facts(config: BertConfig) -> dict[str, Any]:
     facts = {key: getattr(config, key) for key in _CONFIG_FIELDS}
     if not member(config.model_type).token_types:
         facts["type_vocab_size"] = None
+    # ModernBERT names its MLP activation `hidden_activation` (BERT's `hidden_act` is unused there).
+    facts["hidden_act"] = getattr(config, "hidden_activation", config.hidden_act)
     bert = BertConfig.__dataclass_fields__
-    return facts | {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in bert}
+    facts |= {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in bert}
+    if hasattr(config, "layer_types"):
+        facts["attention"] = attention_pattern(config)
+    return facts
+
+
+def attention_pattern(config: BertConfig) -> str:
+    """Which layers attend globally and which within a window, with each kind's rotary base (ModernBERT).
+
+    >>> from hfbert.modeling.modernbert import ModernBertConfig
+    >>> attention_pattern(ModernBertConfig(num_hidden_layers=4))
+    'global layers 0, 3 (rotary theta 160000); local layers 1, 2 (64 columns each side, rotary theta 10000)'
+    """
+    kinds: dict[str, list[int]] = {}
+    for index in range(config.num_hidden_layers):
+        kinds.setdefault("global" if config.window(index) is None else "local", []).append(index)
+    parts = []
+    for kind, layers in kinds.items():
+        reach = "" if kind == "global" else f"{config.window(layers[0])} columns each side, "
+        parts.append(f"{kind} layers {', '.join(map(str, layers))} ({reach}rotary theta {config.theta(layers[0]):g})")
+    return "; ".join(parts)
 
 
 def describe_files(files: list[Path]) -> list[dict[str, Any]]:
@@ -162,9 +188,11 @@ def describe(directory: Path) -> str:
         f"{c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
         f"positions {c['max_position_embeddings']} (longest input {c['max_sequence_length']}), "
         + ("no token types" if c["type_vocab_size"] is None else f"token types {c['type_vocab_size']}")
-        + "".join(f", {key} {value}" for key, value in c.items() if key not in _CONFIG_FIELDS)
+        + "".join(f", {key} {value}" for key, value in c.items() if key not in _SHOWN_APART)
         + f", {c['hidden_act']}",
     ]
+    if "attention" in c:
+        lines.append(f"attention   {c['attention']}")
     if facts["custom_code"] is not None:
         entries = facts["custom_code"]["auto_map"]
         pairs = entries.items() if isinstance(entries, dict) else [("auto_map", entries)]
