@@ -2,7 +2,7 @@
 the float64 reference's attention kernel (transformers' eager takes its softmax in float32, so the reference runs an
 exact eager kernel registered with transformers) against transformers' own float64 sdpa; and `--artifact` with ONNX
 Runtime on an export of transformers' ModernBertModel: the exact export passes, one whose window or rotary base is
-wrong fails."""
+wrong fails, the cause named (the float64 reference rerun with that window or base fits it)."""
 
 from __future__ import annotations
 
@@ -120,3 +120,8 @@ def test_an_exact_onnx_export_passes_and_a_wrong_window_or_rotary_base_fails(che
     assert good.verdict == "pass", good.rows
     assert window.verdict == "fail", window.rows
     assert base.verdict == "fail", base.rows
+    assert good.attention_mismatch is None
+    assert window.attention_mismatch is not None
+    assert "a window of 3 columns each side, not 2" in window.likely_causes()[0]
+    assert base.attention_mismatch is not None
+    assert "the local layers' rotary base is 160000 (the global layers'), not 10000" in base.likely_causes()[0]

@@ -47,6 +47,8 @@ class ArtifactCheck:
     position_offset: Any = None  # reference.PositionOffset, where shifted positions fit the failing artifact
     # reference.PaddingBlindPositions, where positions counted over columns (pads too) fit its failing left padding
     padding_positions: Any = None
+    # reference.AttentionMismatch, where another window or rotary base fits it (ModernBERT's local and global layers)
+    attention_mismatch: Any = None
     # The batch the engine could not run (static shapes, a smaller vocabulary), named with the engine's reason: the
     # artifact's verdict is "error", its later batches are not run, and the other artifacts are still judged.
     error: str | None = None
@@ -148,8 +150,10 @@ class ArtifactCheck:
         """Causes shown by a measured pattern or a fact of the graph, only for a failing artifact."""
         if self.accurate or not self.rows or self.error is not None:
             return []
-        # Found by re-running float64 with shifted positions (reference.position_offset): it explains every case.
-        causes = [found.describe() for found in (self.position_offset, self.padding_positions) if found is not None]
+        # Found by re-running float64 with shifted positions or another window or rotary base (reference.py): it
+        # explains every case.
+        found = (self.position_offset, self.padding_positions, self.attention_mismatch)
+        causes = [cause.describe() for cause in found if cause is not None]
         graph = self.engine.graph
         row = self.rows["last_hidden_state"]
         cases = {case: record.ratio for case, record in row.by_case.items()}

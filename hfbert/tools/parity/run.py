@@ -27,7 +27,12 @@ from hfbert.tools.parity.cases import LEFT_PADDING, Case, build_cases, default_t
 from hfbert.tools.parity.compare import compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
 from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine, installed_version
-from hfbert.tools.parity.engines.reference import no_tf32, padding_blind_positions, position_offset
+from hfbert.tools.parity.engines.reference import (
+    attention_mismatch,
+    no_tf32,
+    padding_blind_positions,
+    position_offset,
+)
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
 from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline
@@ -391,13 +396,15 @@ class _Battery:
     def diagnose(self, check: ArtifactCheck, exact: TorchEngine, max_positions: int, first_position: int) -> None:
         """A failing artifact's last hidden state tried against float64 at other positions: shifted ones
         (`position_offset`), and, where the graph computes its own positions and fails on left padding, each
-        column's (`padding_blind_positions`)."""
+        column's (`padding_blind_positions`); for local and global layers, under another window or rotary base
+        (`attention_mismatch`)."""
         row = check.rows.get("last_hidden_state")
         if row is None or row.passed or check.error is not None:
             return
         probe = next((case.batches[0] for case in self.cases if case.name == SENTENCE_CASE), None)
         if probe is not None:
             check.position_offset = position_offset(check.engine.run, exact, probe, max_positions, first_position)
+            check.attention_mismatch = attention_mismatch(check.engine.run, exact, probe)
         left = row.by_case.get(LEFT_PADDING)
         if left is None or left.passed or not first_position or "position_ids" in check.engine.inputs:
             return

@@ -208,3 +208,93 @@ def padding_blind_positions(
     plain = rms(batch["position_ids"])
     blind = rms((torch.arange(width) + first_position).expand_as(batch["input_ids"]))
     return PaddingBlindPositions(blind, plain, first_position) if blind * FITS_BETTER < plain else None
+
+
+@dataclass
+class AttentionMismatch:
+    """Another window or rotary base on the local / global layers (ModernBERT's) fits a failing artifact's last hidden
+    state far better than the checkpoint's config.json."""
+
+    change: str  # what differs, in words
+    fitted_rms: float  # the artifact's RMS error against float64 run with that change
+    plain_rms: float  # ... against float64 as config.json says
+
+    def describe(self) -> str:
+        return (
+            f"{self.change}: the float64 reference run so fits the artifact "
+            f"{self.plain_rms / self.fitted_rms if self.fitted_rms else math.inf:,.0f}x better (RMS error "
+            f"{self.fitted_rms:.3g}, against {self.plain_rms:.3g} as config.json says)"
+        )
+
+
+@contextmanager
+def _changed(model: Any, local_attention: int | None = None, thetas: dict[str, float] | None = None) -> Iterator[None]:
+    """transformers' ModernBertModel with another window width (its config's `local_attention`, which its masks
+    read) or other rotary bases (its rotary embedding's per-layer-type inverse frequencies, computed as transformers
+    computes them), put back afterwards."""
+    config, rotary = model.config, model.rotary_emb
+    saved_width = config.local_attention
+    saved = {kind: getattr(rotary, f"{kind}_inv_freq").clone() for kind in (thetas or {})}
+    try:
+        if local_attention is not None:
+            config.local_attention = local_attention
+        for kind, theta in (thetas or {}).items():
+            buffer = getattr(rotary, f"{kind}_inv_freq")
+            size = 2 * buffer.numel()
+            buffer.copy_(1.0 / (theta ** (torch.arange(0, size, 2, dtype=torch.float) / size)))
+        yield
+    finally:
+        config.local_attention = saved_width
+        for kind, frequencies in saved.items():
+            getattr(rotary, f"{kind}_inv_freq").copy_(frequencies)
+
+
+def attention_mismatch(
+    run: Callable[[dict[str, Tensor]], dict[str, Tensor]], exact: TorchEngine, batch: dict[str, Tensor]
+) -> AttentionMismatch | None:
+    """For a member with local and global layers (transformers' model has `rotary_emb` and `layer_types`): the
+    change of window or rotary base under which the float64 reference fits the last hidden state that `run` (an
+    artifact) gives for `batch` FITS_BETTER times better than as config.json says, the best such; None otherwise."""
+    model = exact.backbone
+    config = model.config
+    if not hasattr(model, "rotary_emb") or "sliding_attention" not in set(getattr(config, "layer_types", ()) or ()):
+        return None
+    real = batch["attention_mask"].bool()
+    ours = run(batch)["last_hidden_state"].double()[real]
+
+    def rms() -> float:
+        return float((ours - exact.run(batch)["last_hidden_state"].double().cpu()[real]).square().mean().sqrt())
+
+    half = config.local_attention // 2
+    local, full = (config.rope_parameters[kind]["rope_theta"] for kind in ("sliding_attention", "full_attention"))
+    variants = [
+        (
+            f"a window of {half + 1} columns each side, not {half} (flash-attention's `local_attention // 2 + 1`, "
+            f"whose bound is exclusive, carried into an attention mask, whose bound is inclusive)",
+            {"local_attention": 2 * (half + 1)},
+        ),
+        (f"a window of {half - 1} columns each side, not {half}", {"local_attention": 2 * (half - 1)}),
+        ("no window: the local layers attend to every token", {"local_attention": 2 * config.max_position_embeddings}),
+        (
+            f"the local layers' rotary base is {full:g} (the global layers'), not {local:g}",
+            {"thetas": {"sliding_attention": full}},
+        ),
+        (
+            f"the global layers' rotary base is {local:g} (the local layers'), not {full:g}",
+            {"thetas": {"full_attention": local}},
+        ),
+        (
+            f"the rotary bases are swapped (local {full:g}, global {local:g})",
+            {"thetas": {"sliding_attention": full, "full_attention": local}},
+        ),
+    ]
+    plain = rms()
+    found = None
+    for change, options in variants:
+        if options.get("local_attention", 2) < 2:
+            continue
+        with _changed(model, **options):
+            fitted = rms()
+        if fitted * FITS_BETTER < plain and (found is None or fitted < found.fitted_rms):
+            found = AttentionMismatch(change, fitted, plain)
+    return found
