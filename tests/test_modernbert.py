@@ -224,3 +224,48 @@ def test_inspect_names_the_global_and_local_layers_their_window_and_rotary_bases
         f"local layers {', '.join(local)} ({config.sliding_window} columns each side, rotary theta "
         f"{thetas['sliding_attention']:g})"
     ]
+
+
+@pytest.mark.parametrize("prompt_name", [None, "query", "document"])
+def test_embed_with_nomic_style_prompts_equals_sentence_transformers(prompt_name, tmp_path, request):
+    """A ModernBERT sentence-transformers folder as nomic's modernbert-embed and gte-modernbert ship it (mean
+    pooling, normalized, `search_query: ` / `search_document: ` prompts): `Embedder` against `encode`."""
+    import numpy as np
+
+    st = pytest.importorskip("sentence_transformers")
+    models = pytest.importorskip("sentence_transformers.models")
+    from hfbert.tools.embedding import Embedder
+
+    from support.family import TEXTS
+    from support.members import tokenized_checkpoint
+
+    backbone = tokenized_checkpoint(tmp_path / "backbone", "modernbert", "model", request)
+    modules = [models.Transformer(str(backbone), max_seq_length=30), models.Pooling(32, pooling_mode="mean")]
+    prompts = {"query": "search_query: ", "document": "search_document: "}
+    st.SentenceTransformer(modules=[*modules, models.Normalize()], device="cpu", prompts=prompts).save(
+        str(tmp_path / "sentence")
+    )
+    texts = [*TEXTS, " ".join(TEXTS)]  # the last one past max_seq_length: truncated after the prompt
+    reference = st.SentenceTransformer(str(tmp_path / "sentence"), device="cpu")
+    expected = reference.encode(texts, prompt_name=prompt_name, batch_size=3, convert_to_numpy=True)
+    ours = Embedder(tmp_path / "sentence", prompt_name=prompt_name, batch_size=3).embed(texts).numpy()
+    assert np.abs(ours - expected).max() <= 1e-5
+
+
+def test_fill_mask_equals_transformers_pipeline(tmp_path, request, capsys):
+    """`hfbert fill-mask` on a ModernBERT masked LM ([MASK] takes the space before it): transformers' pipeline's
+    tokens, scores and sequences."""
+    import numpy as np
+
+    from hfbert.cli import main
+
+    from support.members import tokenized_checkpoint
+
+    directory = tokenized_checkpoint(tmp_path, "modernbert", "masked-lm", request)
+    text = "The quick brown [MASK] jumps over the lazy dog."
+    expected = transformers.pipeline("fill-mask", model=str(directory), device="cpu")(text, top_k=5)
+    assert main(["fill-mask", str(directory), text, "--top-k", "5", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert [p["token"] for p in ours] == [p["token"] for p in expected]
+    assert np.abs(np.array([p["score"] for p in ours]) - [p["score"] for p in expected]).max() <= 1e-6
+    assert [p["sequence"] for p in ours] == [p["sequence"] for p in expected]
