@@ -104,7 +104,7 @@ def test_multiple_choice_mean_pooling_equals_transformers():
     theirs, ours = pair("ForMultipleChoice", classifier_pooling="mean")
     inputs = {name: value.view(2, 2, -1) for name, value in padded_batch((12, 5, 9, 3), "left").items()}
     with torch.no_grad():
-        torch.testing.assert_close(ours(**inputs).logits, theirs(**inputs).logits, atol=ATOL, rtol=RTOL)
+        assert_real_close(ours(**inputs).logits, theirs(**inputs).logits, inputs["attention_mask"])
 
 
 def test_sparse_prediction_gives_logits_at_labelled_positions_only():
@@ -325,3 +325,21 @@ def test_at_modernbert_base_shape_hfbert_is_as_accurate_as_transformers_against_
     assert rms(packed) <= bound, (rms(packed), rms(reference))
     assert rms(fast) <= 3.0 * rms(reference), (rms(fast), rms(reference))  # precision="high"'s contract
     assert rms(int8) <= 0.05 * float(exact.square().mean().sqrt()), rms(int8)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_resizing_the_vocabulary_follows_transformers(tie):
+    """resize_token_embeddings on the masked LM: the embeddings, the decoder's weight (tied or grown with the mean)
+    and its bias (zeros while tied, the old mean untied) as transformers resizes them; the logits then agree."""
+    theirs, ours = pair("ForMaskedLM", tie_word_embeddings=tie)
+    for model in (theirs, ours):
+        model.resize_token_embeddings(105)
+    assert ours.decoder.weight.shape == theirs.decoder.weight.shape == (105, 32)
+    assert (ours.decoder.weight is ours.model.embeddings.tok_embeddings.weight) == tie
+    torch.testing.assert_close(ours.decoder.bias, theirs.decoder.bias, atol=1e-6, rtol=0)
+    if not tie:  # transformers samples around the mean with 1e-9 of the covariance: the mean, to fp32 precision
+        torch.testing.assert_close(ours.decoder.weight, theirs.decoder.weight, atol=1e-5, rtol=0)
+    ours.load_state_dict(theirs.state_dict())
+    inputs = padded_batch((9, 5), vocab=105)
+    with torch.no_grad():
+        assert_real_close(ours(**inputs).logits, theirs(**inputs).logits, inputs["attention_mask"])

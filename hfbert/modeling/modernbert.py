@@ -51,7 +51,7 @@ from hfbert.modeling.mpnet import check_no_token_types
 from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnsweringOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.positions import PositionScheme, RotaryPositions
-from hfbert.modeling.pretrained import BertPreTrainedModel
+from hfbert.modeling.pretrained import BertPreTrainedModel, resized_rows
 from hfbert.modeling.rotary import rotary_tables, rotate
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -553,7 +553,19 @@ class ModernBertForMaskedLM(_ModernBertWithHead, _MaskedLanguageModel):
     fill_mask = BertForMaskedLM.fill_mask
 
     def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
-        raise NotImplementedError("resize_token_embeddings: not yet for ModernBERT's masked LM")
+        """The decoder follows a resized vocabulary as in transformers: tied, its weight is the new embeddings and
+        its bias grows with zeros; untied, its weight grows as the embeddings do and its bias with the old mean."""
+        old = self.decoder
+        tied = DECODER + "weight" in self.tied_weights()
+        decoder = nn.Linear(self.config.hidden_size, new_num_tokens, bias=old.bias is not None)
+        decoder.to(device=old.weight.device, dtype=old.weight.dtype)
+        if not tied:
+            std = self.config.initializer_range
+            decoder.weight = nn.Parameter(resized_rows(old.weight, new_num_tokens, mean_resizing, std))
+        if old.bias is not None:
+            decoder.bias = nn.Parameter(resized_rows(old.bias, new_num_tokens, mean_resizing and not tied, std=0.0))
+        decoder._is_hf_initialized = True
+        self.decoder = decoder
 
 
 class ModernBertForSequenceClassification(_ModernBertWithHead):
