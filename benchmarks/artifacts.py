@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+WITHOUT_POOLER = ("modernbert",)  # encoders whose transformers class has no pooler (and no add_pooling_layer)
 
 
 class Exporter(torch.nn.Module):
@@ -33,18 +34,28 @@ class Exporter(torch.nn.Module):
 
 
 def export_onnx(
-    checkpoint: Path, path: Path, token_type_ids: bool = True, pooler: bool = False, dynamic: bool = True
+    checkpoint: Path,
+    path: Path,
+    token_type_ids: bool = True,
+    pooler: bool = False,
+    dynamic: bool = True,
+    attn_implementation: str = "eager",
 ) -> Path:
-    """transformers' encoder for config.json's model_type (eager attention: the graph ORT's BERT fusions recognise)
-    as ONNX, opset 17, dynamic batch and sequence axes (`dynamic=False`: fixed at the example's 2 x 16, as an export
-    that names no axes). The graph takes token_type_ids only where the model has more than one token type (not the
-    RoBERTa family's: input_ids and attention_mask, its positions computed in the graph from input_ids, as optimum
-    exports it; MPNet's the same, the relative-position bias computed in the graph from the sequence length)."""
+    """transformers' encoder for config.json's model_type (eager attention by default: the graph ORT's BERT fusions
+    recognise) as ONNX, opset 17, dynamic batch and sequence axes (`dynamic=False`: fixed at the example's 2 x 16, as
+    an export that names no axes). The graph takes token_type_ids only where the model has more than one token type
+    (not the RoBERTa family's: input_ids and attention_mask, its positions computed in the graph from input_ids, as
+    optimum exports it; MPNet's the same, the relative-position bias computed in the graph from the sequence length;
+    ModernBERT's the same, its rotary positions and sliding-window mask computed in the graph; its class has no
+    pooler, so `pooler` stays False). `attn_implementation`: the attention transformers runs while it is traced
+    ("sdpa" is exported as MatMul, Softmax, MatMul: benchmarks/peers.py's ModernBERT row)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its load report lists the heads the encoder leaves out
+    model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
+    options = {} if model_type in WITHOUT_POOLER else {"add_pooling_layer": pooler}
     model = transformers.AutoModel.from_pretrained(
-        checkpoint, attn_implementation="eager", add_pooling_layer=pooler
+        checkpoint, attn_implementation=attn_implementation, **options
     ).eval()
     generator = torch.Generator().manual_seed(0)
     config = model.config

@@ -309,7 +309,10 @@ def peers_machine(result: dict) -> list[str]:
         lines.append(f"Cap {variables}: {machine.get('cap_reach', '')}.")
     lines.append(run_line(f"Run time {result['seconds'] / 60:.0f} min", machine))
     if result.get("args", {}).get("quick") == "True":
-        lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, fewer timed rounds.")
+        if any(row["row"].split("-")[0] in ("2", "3", "6") for row in result["rows"]):
+            lines.append("A `--quick` run: 64 mixed-length sequences instead of 256, fewer timed rounds.")
+        else:
+            lines.append("A `--quick` run: fewer timed rounds, the same inputs.")
     if result.get("partial"):
         measured = ", ".join(
             row["label"].split(".")[0] + (" int8" if "int8" in row["row"] else "") for row in result["rows"]
@@ -332,8 +335,14 @@ def peers_outcome(row: dict) -> str:
     return f"{ratio:.2f}x ({ours}{row['fastest_peer']}; goal >= {goal:.2f}x) {'met' if ratio >= goal else 'MISS'}"
 
 
+# Rows printed in tables of their own, after the main one (benchmarks/peers.py's result keys).
+SEPARATE_ROWS = ("embed", "mpnet_embed", "rerank", "sparse", "modernbert")
+
+
 def peers_table(result: dict) -> list[str]:
     if not result["rows"]:
+        if any(result.get(key) for key in SEPARATE_ROWS):
+            return ["The main table's rows (1 to 4, their int8 and bf16 forms, 6) were not run; those measured follow."]
         return ["No workload row ran (the skipped engines are listed below)."]
     columns = peers_columns(result)
     floors = result.get("floor", {}).get("precisions", {})
@@ -488,6 +497,65 @@ def peers_retrieval(result: dict) -> list[str]:
     return lines
 
 
+def peers_modernbert(result: dict) -> list[str]:
+    """Row 10 (issue 51): ModernBERT-base's shape on long documents, one line per workload: each engine's median
+    seconds per pass and its speed-up over transformers (transformers' time / the engine's), hfbert's faster engine
+    against the goal, then each engine's accuracy on the workload's checked batch."""
+    row = result.get("modernbert")
+    if not row:
+        return []
+    built = set(row.get("engines", ())) | {name for entry in row["workloads"] for name in entry["seconds"]}
+    columns = [name for name in ENGINES if name in built]  # an engine built but not run on a workload shows "-"
+    lines = [
+        "",
+        f"| {row['label']} | {' | '.join(columns)} | hfbert vs transformers |",
+        f"|---|{'---|' * len(columns)}---|",
+    ]
+    for entry in row["workloads"]:
+        seconds, speedup = entry["seconds"], entry.get("speedup", {})
+        cells = [
+            "-"
+            if name not in seconds
+            else show_seconds(seconds[name]) + (f" ({speedup[name]:.2f}x)" if name in speedup else "")
+            for name in columns
+        ]
+        outcome = ""
+        if "hfbert_vs_transformers" in entry:
+            ratio, goal = entry["hfbert_vs_transformers"], entry["goal"]
+            outcome = (
+                f"{ratio:.2f}x ({entry['hfbert_fastest']}; goal >= {goal:.1f}x) {'met' if ratio >= goal else 'MISS'}"
+            )
+        tokens = entry["tokens"]
+        size = (
+            f"{tokens['real']:,} tokens"
+            if tokens["real"] == tokens["padded"]
+            else f"{tokens['real']:,} real of {tokens['padded']:,} padded tokens"
+        )
+        lines.append(f"| {entry['label']} ({size}) | {' | '.join(cells)} | {outcome} |")
+        accuracy = entry.get("accuracy")
+        if accuracy:
+            shapes = ", ".join(f"{rows} x {length:,}" for rows, length in entry["checked"])
+            engines = accuracy["engines"]
+            lines.append(
+                f"| min cosine vs transformers fp32 ({shapes}) | "
+                + " | ".join(f"{engines[name]['min_cosine']:.6f}" if name in engines else "-" for name in columns)
+                + " | |"
+            )
+            lines.append(
+                f"| RMS err vs float64, x transformers' fp32 ({accuracy['transformers_fp32_rms_error']:.2e}) | "
+                + " | ".join(f"{engines[name]['rms_ratio']:.2f}x" if name in engines else "-" for name in columns)
+                + " | |"
+            )
+    return lines + [
+        "",
+        "Cells: median seconds per pass over the workload's batches, then transformers' time / the engine's (above "
+        "1, faster than transformers); '-': not run, the reason below. Accuracy lines, over the real tokens of the "
+        "batch named: each engine's smallest cosine similarity to transformers fp32, and its RMS error against "
+        "transformers' model run in float64 (the exact reference) as a multiple of transformers fp32's own.",
+        f"Row 10: {row['note']}.",
+    ]
+
+
 def peers_floor(result: dict) -> list[str]:
     floor = result.get("floor")
     if not floor:
@@ -528,7 +596,8 @@ def peers_markdown(result: dict, name: str = "peers", images: bool = True) -> st
     if images:
         alt = "hfbert's speed-up over each engine, per workload (engine time / hfbert's fastest engine's time)"
         lines += ["", f"![{alt}](images/{name}.png)"]
-    lines += ["", *peers_table(result), *peers_embed(result), *peers_retrieval(result), *peers_floor(result)]
+    lines += ["", *peers_table(result), *peers_embed(result), *peers_retrieval(result), *peers_modernbert(result)]
+    lines += peers_floor(result)
     engines = peers_engines(result)
     if engines:
         lines += ["", "What each engine ran:", "", *engines]

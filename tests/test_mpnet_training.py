@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 import hfbert
 
-from support.helpers import max_difference, randomize_weights, trainer_losses
+from support.helpers import labelled_examples, max_difference, padded_collate, randomize_weights, trainer_losses
 from support.members import tiny_config
 
 transformers = pytest.importorskip("transformers")
@@ -55,33 +54,14 @@ def reference_losses(checkpoints, tmp_path_factory) -> Callable[[str], list[floa
     return of
 
 
-def token_ids(generator: torch.Generator, length: int) -> torch.Tensor:
-    ids = torch.randint(3, MASK, (length,), generator=generator)
-    ids[0], ids[-1] = 0, 2
-    return ids
-
-
 def examples(task: str, count: int = 16) -> list[dict[str, torch.Tensor]]:
     """Sentences of unequal lengths (the collator pads, and positions and the bias must skip the pads) with a class
     label, or, for the masked LM, every third token masked and labelled."""
-    generator = torch.Generator().manual_seed(0)
-    rows = []
-    for index in range(count):
-        ids = token_ids(generator, 5 + index % 4)
-        if task == "ForMaskedLM":
-            labels = torch.full_like(ids, -100)
-            labels[1::3], ids[1::3] = ids[1::3], MASK
-        else:
-            labels = torch.tensor(index % CONFIG["num_labels"])
-        rows.append({"input_ids": ids, "labels": labels})
-    return rows
+    return labelled_examples(task, count, 0, 2, MASK, CONFIG["num_labels"])
 
 
 def collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    input_ids = pad_sequence([row["input_ids"] for row in rows], batch_first=True, padding_value=PAD)
-    labels = [row["labels"] for row in rows]
-    labels = pad_sequence(labels, batch_first=True, padding_value=-100) if labels[0].dim() else torch.stack(labels)
-    return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": labels}
+    return padded_collate(rows, PAD)
 
 
 def calls_of_first_layer(model: torch.nn.Module) -> list[int]:

@@ -276,3 +276,32 @@ def trainer_losses(model, output_dir, dataset, data_collator=None, **arguments) 
     trainer = transformers.Trainer(model=model, args=arguments, train_dataset=dataset, data_collator=data_collator)
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def labelled_examples(
+    task: str, count: int, first: int, last: int, mask: int, num_labels: int
+) -> list[dict[str, torch.Tensor]]:
+    """Sequences of 5 to 8 tokens framed by `first` and `last`, ids drawn below `mask` (seeded), each with a class
+    label, or, for the masked LM (`task` "ForMaskedLM"), every third token replaced by `mask` and labelled."""
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for index in range(count):
+        ids = torch.randint(3, mask, (5 + index % 4,), generator=generator)
+        ids[0], ids[-1] = first, last
+        if task == "ForMaskedLM":
+            labels = torch.full_like(ids, -100)
+            labels[1::3], ids[1::3] = ids[1::3], mask
+        else:
+            labels = torch.tensor(index % num_labels)
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows
+
+
+def padded_collate(rows: list[dict[str, torch.Tensor]], pad: int) -> dict[str, torch.Tensor]:
+    """`labelled_examples` rows as one right-padded batch: ids padded with `pad`, token labels with -100."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    input_ids = pad_sequence([row["input_ids"] for row in rows], batch_first=True, padding_value=pad)
+    labels = [row["labels"] for row in rows]
+    labels = pad_sequence(labels, batch_first=True, padding_value=-100) if labels[0].dim() else torch.stack(labels)
+    return {"input_ids": input_ids, "attention_mask": (input_ids != pad).long(), "labels": labels}
