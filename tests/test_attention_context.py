@@ -47,7 +47,7 @@ def test_a_window_on_either_layout_equals_attention_written_out(implementation, 
         torch.testing.assert_close(packed[row, :length].double(), expected[row], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("side", ["right", "left", "holes"])
+@pytest.mark.parametrize("side", ["right", "left", "holes", "none"])
 @pytest.mark.parametrize(("window", "block"), [(1, None), (3, None), (3, 5), (4, 64)])
 def test_a_long_window_runs_as_a_band_equal_to_attention_written_out(window, block, side, monkeypatch):
     """Past BAND_FROM windows the sdpa kernel runs the band (`local_attention.py`), blocks of queries against the keys
@@ -63,6 +63,8 @@ def test_a_long_window_runs_as_a_band_equal_to_attention_written_out(window, blo
         mask = mask.flip(1)
     elif side == "holes":  # real tokens with pads between them: the band must read the key mask, not a length
         mask[0, 10:20] = 0
+    elif side == "none":  # no padding: no key mask, and the columns past the sequence must still count for nothing
+        mask[:] = 1
     calls = []
     band = local_attention.banded_attention
 
@@ -73,7 +75,8 @@ def test_a_long_window_runs_as_a_band_equal_to_attention_written_out(window, blo
     monkeypatch.setattr(padding, "banded_attention", counted)
     query, key, value = (torch.randn(3, width, HIDDEN) for _ in range(3))
     options = dict(num_heads=HEADS, scale=(HIDDEN // HEADS) ** -0.5, dropout=0.0, window=window)
-    context, _ = PaddedBatch(key_padding_mask(mask), "sdpa").attend(query, key, value, **options)
+    key_mask = None if side == "none" else key_padding_mask(mask)
+    context, _ = PaddedBatch(key_mask, "sdpa").attend(query, key, value, **options)
     assert calls, "the band did not run"
     real = mask.bool()
     for row in range(3):

@@ -47,36 +47,45 @@ def banded_attention(
     def heads(x: Tensor) -> Tensor:  # (batch, length, hidden) -> (batch, heads, length, head_size)
         return x.view(batch, length, num_heads, head_size).transpose(1, 2)
 
-    def key_blocks(x: Tensor) -> Tensor:
-        # `window` columns of zeros before, enough after; then each block's span: (batch, heads, blocks, span, size)
-        x = F.pad(heads(x), (0, 0, window, padded - length + window))
-        return x.unfold(2, span, block).transpose(-1, -2)
+    # Batch and heads are the kernel's batch dimension and the blocks its "heads": every tensor below is a view of
+    # the padded projections, the key spans overlapping ones (no copy of the keys per block).
+    queries = F.pad(heads(query), (0, 0, 0, padded - length)).reshape(batch * num_heads, blocks, block, head_size)
 
-    queries = F.pad(heads(query), (0, 0, 0, padded - length)).view(batch, num_heads, blocks, block, head_size)
-    keys, values = key_blocks(key), key_blocks(value)
+    def spans(
+        x: Tensor,
+    ) -> Tensor:  # `window` columns of zeros before, enough after: (batch * heads, blocks, span, size)
+        x = F.pad(heads(x), (0, 0, window, padded - length + window)).reshape(batch * num_heads, -1, head_size)
+        return x.unfold(1, span, block).transpose(-1, -2)
+
     # Query i of a block and key j of its span are (j - window) - i columns apart, in every block alike.
     device = query.device
     offsets = torch.arange(span, device=device)[None, :] - window - torch.arange(block, device=device)[:, None]
-    band = offsets.abs() <= window  # (block, span)
-    real = torch.ones((batch, length), dtype=torch.bool, device=device) if key_mask is None else key_mask[:, 0, 0]
-    real = F.pad(real, (window, padded - length + window), value=False).unfold(1, span, block)  # (batch, blocks, span)
-    allowed = band & real[:, :, None, :]  # (batch, blocks, block, span)
-
-    # Blocks into the batch dimension: the fused kernels take (batch, heads, length, size).
-    def flat(x: Tensor) -> Tensor:
-        return x.transpose(1, 2).reshape(batch * blocks, num_heads, *x.shape[-2:])
-
-    context = F.scaled_dot_product_attention(
-        flat(queries),
-        flat(keys),
-        flat(values),
-        attn_mask=allowed.reshape(batch * blocks, 1, block, span),
-        dropout_p=dropout,
-        scale=scale,
-    )
-    context = (
-        context.view(batch, blocks, num_heads, block, head_size)
-        .transpose(1, 2)
-        .reshape(batch, num_heads, padded, head_size)
-    )
-    return context[:, :, :length].transpose(1, 2).reshape(batch, length, hidden)
+    allowed = offsets.abs() <= window  # (block, span)
+    # The keys that exist: the columns added around the sequence never, pads where the mask says so. The kernel is
+    # fast with a mask shaped (1, blocks, block, span) and slow with one per batch row and head, so a masked batch
+    # runs row by row.
+    keys, values = spans(key), spans(value)
+    if key_mask is None:
+        real = F.pad(torch.ones(length, dtype=torch.bool, device=device), (window, padded - length + window))
+        allowed = (allowed & real.unfold(0, span, block)[:, None, :])[None]  # (1, blocks, block, span)
+        context = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=allowed, dropout_p=dropout, scale=scale
+        )
+    else:
+        real = F.pad(key_mask[:, 0, 0], (window, padded - length + window), value=False).unfold(1, span, block)
+        rows = []
+        for row in range(batch):
+            heads_of_row = slice(row * num_heads, (row + 1) * num_heads)
+            rows.append(
+                F.scaled_dot_product_attention(
+                    queries[heads_of_row],
+                    keys[heads_of_row],
+                    values[heads_of_row],
+                    attn_mask=(allowed & real[row][:, None, :])[None],
+                    dropout_p=dropout,
+                    scale=scale,
+                )
+            )
+        context = torch.cat(rows)
+    context = context.view(batch, num_heads, padded, head_size)[:, :, :length]
+    return context.transpose(1, 2).reshape(batch, length, hidden)
