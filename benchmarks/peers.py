@@ -69,7 +69,9 @@ Rows (goals are printed beside the numbers, never asserted):
        of the dense batch and of the mixed batch without the 8,192-token document, against transformers fp32 and float64
        (sdpa: its eager attention gives NaN in float64 on padded batches). Not in the default run (its own checkpoint
        and export, and transformers' dense attention over 4 x 8192 tokens: about 40 minutes on 2 cores, 25 with
-       --quick): `--rows 10` or `--rows modernbert`
+       --quick): `--rows 10` or `--rows modernbert`; its float64 reference computes the rotary positions in float64
+       (`exact_rotary`: transformers rounds them to float32 in float64 models too); run alone with --update-docs, it
+       is published as docs/results/peers_modernbert.json, beside rows 1-9's result
 Goals (issue 26), hfbert's fastest engine of the row's precision against the fastest other engine: fp32 >= 1.1x at
 batch 1, mixed and sorted, >= 1.0x dense; int8 >= 1.1x the faster of ONNX Runtime int8 and CTranslate2 int8 on
 every row; bf16 >= 1.1x OpenVINO's default precision at batch 1 and dense; batch-1 latency <= 1.33x the
@@ -187,7 +189,7 @@ from hfbert.platform.cpu import bfloat16_native, cpu_flags, instruction_set
 from hfbert.platform.mkl import SETTING, SWITCH, mkl_branch
 from hfbert.tools.parity import Accuracy
 from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine, openvino_engine
-from hfbert.tools.parity.engines.reference import load_reference
+from hfbert.tools.parity.engines.reference import exact_rotary, load_reference
 
 FP32_ROWS, INT8_ROWS, BF16_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8"), ("1-bf16", "4-bf16")
 EMBED_ROW, FAMILY_ROW, MPNET_ROW = "5", "6", "7"
@@ -727,14 +729,16 @@ def time_engines(
 
 def reference_outputs(checkpoint: Path, batches: list[dict]) -> dict[str, list[torch.Tensor]]:
     """transformers' encoder (AutoModel: BertModel, XLMRobertaModel ...; sdpa) on `batches` in fp32 (what the
-    cosines compare with) and in float64 (the exact reference of the RMS errors), at the real tokens, each model
-    loaded, run and freed before the engines are built."""
+    cosines compare with) and in float64 (the exact reference of the RMS errors; rotary positions in float64 too:
+    `exact_rotary`), at the real tokens, each model loaded, run and freed before the engines are built."""
     import transformers
 
     transformers.logging.disable_progress_bar()  # a bar per model loaded, in the middle of the progress lines
     outputs = {}
     for name, dtype in (("fp32", torch.float32), ("float64", torch.float64)):
         model = load_reference(transformers, transformers.AutoModel, checkpoint, "sdpa", "cpu", dtype)
+        if dtype == torch.float64:
+            exact_rotary(model)
         outputs[name] = [real_tokens(model(**inputs).last_hidden_state, inputs) for inputs in batches]
         del model
         gc.collect()

@@ -591,9 +591,15 @@ def peers_engines(result: dict) -> list[str]:
     return lines
 
 
+def modernbert_only(result: dict) -> bool:
+    """A peers result of row 10 alone (`--rows modernbert`): it has a page section of its own, so that the long
+    documents can be measured without rerunning rows 1 to 9 (or replacing their result)."""
+    return bool(result.get("modernbert")) and not result.get("rows") and not result.get("embed")
+
+
 def peers_markdown(result: dict, name: str = "peers", images: bool = True) -> str:
     lines = peers_machine(result)
-    if images:
+    if images and not modernbert_only(result):  # row 10's speed-ups are over transformers: not in the figure
         alt = "hfbert's speed-up over each engine, per workload (engine time / hfbert's fastest engine's time)"
         lines += ["", f"![{alt}](images/{name}.png)"]
     lines += ["", *peers_table(result), *peers_embed(result), *peers_retrieval(result), *peers_modernbert(result)]
@@ -764,13 +770,14 @@ def certify_markdown(result: dict, images: bool = True) -> str:
 @dataclass(frozen=True)
 class Kind:
     """One benchmark's result: its page, its rendering and the options of the command that measures it again.
-    `variant`: (suffix, option, applies) of a second result, told apart by what it records; its stem is KIND_SUFFIX."""
+    `variants`: (suffix, option, applies) of other results, told apart by what they record (the first that applies);
+    such a result's stem is KIND_SUFFIX."""
 
     page: str  # relative to docs/
     markdown: Callable[[Any, str, bool], str]  # (result, name, images) -> the section's text
     figure: Callable[[Any, Path], None] | None = None
     options: str = ""
-    variant: tuple[str, str, Callable[[Any], bool]] | None = None
+    variants: tuple[tuple[str, str, Callable[[Any], bool]], ...] = ()
 
 
 TARGETS = {
@@ -784,12 +791,17 @@ TARGETS = {
         "cpu-inference.md",
         peers_markdown,
         peers_figure,
-        variant=("avx2", "--cap-isa AVX2", lambda result: bool(result["machine"].get("cap"))),
+        variants=(
+            ("avx2", "--cap-isa AVX2", lambda result: bool(result["machine"].get("cap"))),
+            ("modernbert", "--rows modernbert", lambda result: modernbert_only(result)),
+        ),
     ),
     "benchmark": Kind(
         "cpu-inference.md",
         lambda result, _, images: benchmark_markdown(result),
-        variant=("optimized", "--optimized", lambda result: result.get("args", {}).get("optimized") in (True, "True")),
+        variants=(
+            ("optimized", "--optimized", lambda result: result.get("args", {}).get("optimized") in (True, "True")),
+        ),
     ),
     "certify": Kind("certifying-a-deployment.md", lambda result, _, images: certify_markdown(result, images)),
 }
@@ -808,7 +820,7 @@ def target(kind: str, result: Any) -> Target:
     if kind not in TARGETS:
         raise ValueError(f"unknown benchmark {kind!r}: {', '.join(TARGETS)}")
     entry = TARGETS[kind]
-    suffix, option = entry.variant[:2] if entry.variant and entry.variant[2](result) else ("", "")
+    suffix, option = next(((suffix, option) for suffix, option, applies in entry.variants if applies(result)), ("", ""))
     name = f"{kind}_{suffix}" if suffix else kind
     command = " ".join(
         part for part in (f"python -m benchmarks.{kind}", entry.options, option, "--update-docs") if part

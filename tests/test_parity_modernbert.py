@@ -1,6 +1,7 @@
 """`hfbert parity` on ModernBERT (issue #51): the float64 verdict over every case, sequences longer than the window;
 the float64 reference's attention kernel (transformers' eager takes its softmax in float32, so the reference runs an
-exact eager kernel registered with transformers) against transformers' own float64 sdpa; and `--artifact` with ONNX
+exact eager kernel registered with transformers) against transformers' own float64 sdpa; its rotary positions in
+float64 (transformers rounds them to float32); and `--artifact` with ONNX
 Runtime on an export of transformers' ModernBertModel: the exact export passes, one whose window or rotary base is
 wrong fails, the cause named (the float64 reference rerun with that window or base fits it)."""
 
@@ -45,14 +46,8 @@ def test_the_exact_eager_reference_equals_transformers_float64_sdpa(checkpoint, 
     from hfbert.tools.parity.engines.transformers_engine import exact_eager
 
     model = transformers.ModernBertModel.from_pretrained(checkpoint, dtype=torch.float64).eval()
-    lengths, width = (38, 17, 6), 38
-    input_ids = torch.zeros((3, width), dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    generator = torch.Generator().manual_seed(0)
-    for row, length in enumerate(lengths):
-        where = slice(0, length) if side == "right" else slice(width - length, width)
-        input_ids[row, where] = torch.randint(3, 300, (length,), generator=generator)
-        mask[row, where] = 1
+    width = 38
+    input_ids, mask = padded((38, 17, 6), width, side)
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
         expected = model(input_ids, attention_mask=mask).last_hidden_state
@@ -66,6 +61,76 @@ def test_the_exact_eager_reference_equals_transformers_float64_sdpa(checkpoint, 
     columns = torch.arange(width)
     outside = (columns[None, :] - columns[:, None]).abs() > 2
     assert float(local[outside].abs().max()) == 0.0
+
+
+def padded(lengths: tuple[int, ...], width: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids (seeded) for rows of `lengths`, padded to `width` on `side`, and their attention mask."""
+    input_ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    generator = torch.Generator().manual_seed(0)
+    for row, length in enumerate(lengths):
+        where = slice(0, length) if side == "right" else slice(width - length, width)
+        input_ids[row, where] = torch.randint(3, 300, (length,), generator=generator)
+        mask[row, where] = 1
+    return input_ids, mask
+
+
+def test_the_float64_reference_rotates_in_float64(checkpoint):
+    """transformers rounds rotary positions to float32 in a float64 model (angles, cosines, sines, and the queries
+    and keys it rotates), a rounding its fp32 model shares; `exact_rotary` computes them in float64. Rotary
+    attention depends on relative positions only, and transformers counts positions from the first column also
+    under left padding, so in exact arithmetic a left-padded row equals its right-padded twin: with `exact_rotary`
+    to float64 rounding, without it only to float32's. Its cosines equal Python's math.cos of the exact angle, the
+    fp32 model beside it is untouched, and transformers' function is back after each call."""
+    import math
+
+    import transformers.models.modernbert.modeling_modernbert as modernbert
+
+    from hfbert.tools.parity.engines.reference import exact_rotary
+
+    original = modernbert.apply_rotary_pos_emb
+    width = 40
+    (right, right_mask), (left, left_mask) = (padded((40, 23, 9), width, side) for side in ("right", "left"))
+    model = transformers.ModernBertModel.from_pretrained(checkpoint, dtype=torch.float64).eval()
+    fp32 = transformers.ModernBertModel.from_pretrained(checkpoint).eval()
+    with torch.no_grad():
+        fp32_before = fp32(right, attention_mask=right_mask).last_hidden_state
+
+        def difference() -> float:
+            on_right = model(right, attention_mask=right_mask).last_hidden_state[right_mask.bool()]
+            on_left = model(left, attention_mask=left_mask).last_hidden_state[left_mask.bool()]
+            return float((on_right - on_left).abs().max())
+
+        rounded = difference()
+        exact_rotary(model)
+        installed = []
+        model.layers[0].attn.register_forward_pre_hook(lambda *_: installed.append(modernbert.apply_rotary_pos_emb))
+        exact = difference()
+        assert modernbert.apply_rotary_pos_emb is original
+        fp32_after = fp32(right, attention_mask=right_mask).last_hidden_state
+    torch.testing.assert_close(fp32_after, fp32_before, rtol=0, atol=0)
+    assert rounded > 1e-12, rounded  # float32's rounding of the angles (measured 3.6e-11): the test can fail
+    assert exact < 1e-14, (exact, rounded)  # measured 1.1e-16
+    # The queries and keys are rotated as they are in float64, by transformers' function in any other dtype.
+    assert installed and installed[0] is not original
+    generator = torch.Generator().manual_seed(1)
+    q, k, cos, sin = (torch.randn(2, 4, 5, 8, generator=generator, dtype=torch.float64) for _ in range(4))
+    cos, sin = cos[:, 0], sin[:, 0]
+    rotated = installed[0](q, k, cos, sin)
+    half = lambda x: torch.cat((-x[..., 4:], x[..., :4]), dim=-1)  # noqa: E731
+    torch.testing.assert_close(rotated[0], q * cos[:, None] + half(q) * sin[:, None], rtol=0, atol=0)
+    assert not torch.equal(rotated[0], original(q, k, cos, sin)[0])
+    single = [x.float() for x in (q, k, cos, sin)]
+    for ours, theirs in zip(installed[0](*single), original(*single), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    config = model.config
+    rotary, position = model.rotary_emb, 37
+    for kind in ("full_attention", "sliding_attention"):
+        cos, _ = rotary(torch.zeros(1, dtype=torch.float64), torch.tensor([[position]]), kind)
+        size = config.hidden_size // config.num_attention_heads
+        theta = config.rope_parameters[kind]["rope_theta"]
+        expected = [math.cos(position / theta ** (2 * i / size)) for i in range(size // 2)] * 2
+        torch.testing.assert_close(cos[0, 0], torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-15)
 
 
 def export_onnx(directory, path, **changes):

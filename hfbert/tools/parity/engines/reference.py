@@ -100,6 +100,66 @@ def float64_twin(model: Any) -> Any:
     return twin.eval()
 
 
+def exact_rotary(model: Any) -> Any:
+    """`model` (a transformers model in float64 with rotary positions: ModernBERT's) with its rotary positions
+    computed in float64, returned. transformers computes them in float32 also in a float64 model: the angles
+    (positions x inverse frequencies), their cosines and sines, and the queries and keys it rotates, rounded to
+    float32 first (`apply_rotary_pos_emb`). Its own float32 model shares those roundings, so a reference that keeps
+    them judges transformers against itself there and every exact port (hfbert's angles are float64) as off by them:
+    at 4,096 positions they are as large as float32's whole error. Here the inverse frequencies are recomputed in
+    float64 from config.json's bases, the angles and their cosines and sines computed in float64, and, while this
+    model runs, its module's `apply_rotary_pos_emb` rotates float64 queries and keys as they are (any other dtype
+    goes to transformers' own, unchanged). A model without rotary positions is returned as it is."""
+    import sys
+    import types
+
+    owners = [name.rpartition(".")[0] for name, _ in model.named_modules() if name.rsplit(".", 1)[-1] == "rotary_emb"]
+    if not owners:
+        return model
+    rotaries = [model.get_submodule(owner).rotary_emb for owner in owners]
+    config = rotaries[0].config
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for rotary in rotaries:
+        for kind, rope_type in rotary.rope_type.items():
+            if rope_type != "default":  # a scaled scheme's frequencies are transformers' to compute
+                continue
+            base = config.rope_parameters[kind]["rope_theta"]
+            buffer = getattr(rotary, f"{kind}_inv_freq")
+            exact = 1.0 / (base ** (torch.arange(0, size, 2, dtype=torch.float64) / size))
+            setattr(rotary, f"{kind}_inv_freq", exact.to(buffer.device))
+        rotary.forward = types.MethodType(_rotary_in_float64, rotary)
+
+    module = sys.modules[type(rotaries[0]).__module__]
+    original = module.apply_rotary_pos_emb
+
+    def rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+        if q.dtype != torch.float64:
+            return original(q, k, cos, sin, unsqueeze_dim)
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + module.rotate_half(q) * sin, k * cos + module.rotate_half(k) * sin
+
+    def install(*_: Any) -> None:
+        module.apply_rotary_pos_emb = rotate
+
+    def restore(*_: Any) -> None:
+        module.apply_rotary_pos_emb = original
+
+    for owner in owners:  # the encoder that runs the layers: parity calls it directly, the heads through it
+        encoder = model.get_submodule(owner)
+        encoder.register_forward_pre_hook(install)
+        encoder.register_forward_hook(restore, always_call=True)
+    return model
+
+
+def _rotary_in_float64(self: Any, x: Tensor, position_ids: Tensor, layer_type: str) -> tuple[Tensor, Tensor]:
+    """transformers' rotary embedding's forward with the angles, cosines and sines in float64 (`exact_rotary`)."""
+    frequencies = getattr(self, f"{layer_type}_inv_freq").to(device=x.device, dtype=torch.float64)
+    angles = position_ids[..., None].to(torch.float64) * frequencies
+    angles = torch.cat((angles, angles), dim=-1)
+    scaling = getattr(self, f"{layer_type}_attention_scaling")
+    return (angles.cos() * scaling).to(x.dtype), (angles.sin() * scaling).to(x.dtype)
+
+
 # Position offsets tried when an artifact's token outputs fail: positions counted from 1 (a port that adds an offset
 # BERT does not have), or from 2 (RoBERTa's padding_idx + 1 carried into BERT). Negative offsets would need position
 # -1, which no embedding lookup has. For a RoBERTa-family model, whose positions start at pad_token_id + 1, the one
@@ -231,7 +291,7 @@ class AttentionMismatch:
 def _changed(model: Any, local_attention: int | None = None, thetas: dict[str, float] | None = None) -> Iterator[None]:
     """transformers' ModernBertModel with another window width (its config's `local_attention`, which its masks
     read) or other rotary bases (its rotary embedding's per-layer-type inverse frequencies, computed as transformers
-    computes them), put back afterwards."""
+    computes them, in the buffer's dtype: float64 after `exact_rotary`), put back afterwards."""
     config, rotary = model.config, model.rotary_emb
     saved_width = config.local_attention
     saved = {kind: getattr(rotary, f"{kind}_inv_freq").clone() for kind in (thetas or {})}
@@ -241,7 +301,7 @@ def _changed(model: Any, local_attention: int | None = None, thetas: dict[str, f
         for kind, theta in (thetas or {}).items():
             buffer = getattr(rotary, f"{kind}_inv_freq")
             size = 2 * buffer.numel()
-            buffer.copy_(1.0 / (theta ** (torch.arange(0, size, 2, dtype=torch.float) / size)))
+            buffer.copy_(1.0 / (theta ** (torch.arange(0, size, 2, dtype=buffer.dtype) / size)))
         yield
     finally:
         config.local_attention = saved_width

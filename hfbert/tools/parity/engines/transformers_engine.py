@@ -16,9 +16,9 @@ from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine
 def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngine, TorchEngine]:
     """transformers' model in `spec.dtype` (in `spec.attn` where it has it: `reference_attention`), and the exact
     reference: eager, once per batch for every output (why one eager run serves the sdpa rows too:
-    hfbert.tools.parity). In float32 runs it shares transformers' weights (float64_twin); a bf16 or fp16 run loads
-    its own, from the checkpoint's float32 values."""
-    from hfbert.tools.parity.engines.reference import float64_twin, load_reference
+    hfbert.tools.parity), with rotary positions in float64 (`exact_rotary`). In float32 runs it shares
+    transformers' weights (float64_twin); a bf16 or fp16 run loads its own, from the checkpoint's float32 values."""
+    from hfbert.tools.parity.engines.reference import exact_rotary, float64_twin, load_reference
 
     model_class, options = spec.model_class(*reference_classes(transformers, spec.member))
     attn = reference_attention(model_class, spec.attn)
@@ -28,6 +28,7 @@ def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngi
     else:
         exact = load_reference(transformers, model_class, directory, attn, spec.device, torch.float64, **options)
     exact.set_attn_implementation(exact_eager(transformers) if spec.model_type in EAGER_NOT_FLOAT64 else "eager")
+    exact_rotary(exact)  # ModernBERT's: transformers rounds it to float32 in float64 models too
     return spec.engine(theirs), spec.engine(exact)
 
 
