@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 from converters.atomic_write import exit_on_sigterm
 from converters.dtypes import DTYPES
 from converters.overwrite import refuse_overwriting_inputs
-from hfbert.inference.optimize import QUANTIZATIONS
+from hfbert.inference.optimize import PRECISIONS, QUANTIZATIONS
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.tools.sentence_transformers_pipeline import POOLINGS
 
@@ -207,6 +207,7 @@ def embed_command(arguments: argparse.Namespace) -> None:
         device=device,
         dtype=arguments.dtype,
         quantize=arguments.quantize,
+        precision=arguments.precision,
         prompt=arguments.prompt,
         prompt_name=arguments.prompt_name,
         ignore_auto_map=arguments.ignore_auto_map,
@@ -248,6 +249,7 @@ def _sparse_embed(arguments: argparse.Namespace, directory: Path, device: str, t
         device=device,
         dtype=arguments.dtype,
         quantize=arguments.quantize,
+        precision=arguments.precision,
         ignore_auto_map=arguments.ignore_auto_map,
     )
     written = sparse_file(
@@ -283,6 +285,7 @@ def rerank_command(arguments: argparse.Namespace) -> None:
         device=arguments.device,
         dtype=arguments.dtype,
         quantize=arguments.quantize,
+        precision=arguments.precision,
         ignore_auto_map=arguments.ignore_auto_map,
     )
     documents = read_texts(arguments.file) if arguments.file else arguments.documents
@@ -427,6 +430,19 @@ def _model_options(parser: argparse.ArgumentParser, *, revision: bool = True) ->
 def _device_options(parser: argparse.ArgumentParser, dtype_default: str | None, dtype_help: str) -> None:
     parser.add_argument("--device", type=compute_device, default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), default=dtype_default, help=dtype_help)
+
+
+def _speed_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quantize", choices=list(QUANTIZATIONS), help="int8 weights and activations on CPU (faster, lossy)"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default="highest",
+        help="highest: fp32 within 1.5x transformers' error (default); high: the fast fp32 mode, within 3x; bf16: "
+        "products in bf16, the rest in fp32, on CPUs that compute bf16 natively (faster, lossy)",
+    )
 
 
 def _auto_map_option(parser: argparse.ArgumentParser) -> None:
@@ -659,9 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(.npy: dense alone)",
     )
     _device_options(embed, None, "dtype of the encoder (default: as stored); embeddings are float32")
-    embed.add_argument(
-        "--quantize", choices=list(QUANTIZATIONS), help="int8 weights and activations on CPU (faster, lossy)"
-    )
+    _speed_options(embed)
     _auto_map_option(embed)
     _model_options(embed)
     embed.set_defaults(run=embed_command, parser=embed)
@@ -702,9 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
         "folder's max_seq_length, else the tokenizer's model_max_length, at most the model's longest input)",
     )
     _device_options(rerank, None, "dtype of the model (default: as stored); scores are float32")
-    rerank.add_argument(
-        "--quantize", choices=list(QUANTIZATIONS), help="int8 weights and activations on CPU (faster, lossy)"
-    )
+    _speed_options(rerank)
     _auto_map_option(rerank)
     _model_options(rerank)
     rerank.set_defaults(run=rerank_command, parser=rerank)

@@ -12,19 +12,23 @@ from test_compiled import SMALL, compiler
 
 import hfbert
 from hfbert.inference import packed_layers
+from hfbert.inference.bf16 import bf16_available
 from hfbert.inference.int8 import int8_available
 from hfbert.inference.packed import packing_supported
 
 int8 = pytest.mark.skipif(not int8_available(), reason="this torch build or CPU has no oneDNN int8 inner product")
+bf16 = pytest.mark.skipif(not bf16_available(), reason="this CPU does not compute bf16 natively (no AVX512-BF16/AMX)")
 packs = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN to pack for")
 # The default mode packs layers of at least 2**19 weights (MIN_PACKED_WEIGHTS): bert-base's width.
 WIDE = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, num_hidden_layers=1)
 # mode -> (options, shape, largest element-wise difference from transformers allowed). The fp32 modes hold
-# transformers' rounding (3e-6 here); int8 differs from fp32 by its quantization (up to 0.07 on outputs of about 4).
+# transformers' rounding (3e-6 here); int8 differs from fp32 by its quantization (up to 0.07 on outputs of about 4),
+# bf16 by its roundings (up to 0.02).
 MODES = {
     "highest": (dict(kernels="always"), WIDE, 5e-5),
     "high": (dict(precision="high", kernels="always"), SMALL, 5e-5),
     "int8": (dict(quantize="int8"), SMALL, 0.15),
+    "bf16": (dict(precision="bf16"), SMALL, 0.06),
 }
 LINEARS = (
     "attention.self.query",
@@ -37,7 +41,7 @@ LINEARS = (
 
 
 def modes(*names: str):
-    marks = {"int8": int8, "high": packs, "highest": packs}
+    marks = {"int8": int8, "high": packs, "highest": packs, "bf16": bf16}
     return pytest.mark.parametrize("mode", [pytest.param(name, marks=marks[name]) for name in names])
 
 
@@ -107,7 +111,7 @@ CHANGES = {
 }
 
 
-@modes("highest", "high", "int8")
+@modes("highest", "high", "int8", "bf16")
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_changed_weights_are_followed(mode, change):
     model, reference, bound = optimized_pair(mode)
@@ -118,7 +122,7 @@ def test_changed_weights_are_followed(mode, change):
     assert_follows(model, reference, bound, before)
 
 
-@modes("highest", "high", "int8")
+@modes("highest", "high", "int8", "bf16")
 def test_peft_merge_and_unload_is_followed(mode):
     """PEFT merges a LoRA adapter into its base layer's weight through `.data`: the merged optimized model computes
     the merged weights, as transformers' merged model does."""
@@ -136,7 +140,7 @@ def test_peft_merge_and_unload_is_followed(mode):
     assert_follows(model, reference, bound, before)
 
 
-@modes("highest", "high", "int8")
+@modes("highest", "high", "int8", "bf16")
 def test_load_state_dict_is_followed(mode):
     model, reference, bound = optimized_pair(mode)
     before = outputs(model)

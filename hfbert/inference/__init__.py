@@ -7,6 +7,7 @@
   plain", the form's cache that follows the parameters, `refresh(model)`;
 - `packed.py`: the fp32 oneDNN products (blocked and whole-width kernels) and `PackedLinear`;
 - `int8.py`: the int8 product (int8 weights, activations quantized per token), its kernel and `Int8Linear`;
+- `bf16.py`: the bf16 mode's product (bf16 weights and inputs, fp32 sums and the rest in fp32) and `BF16Linear`;
 - `fused.py`: blocks computed as one product, the fast fp32 mode (int8 attention is its attention block, given the
   int8 kernel as a value);
 - `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes.
@@ -19,6 +20,7 @@ What they ask of the machine (the instruction set, oneDNN's ops, the allocator) 
 from hfbert.inference.optimize import (
     ACCURACY_BOUNDS,
     MODES,
+    PRECISIONS,
     AppliedMode,
     inference_mode_of,
     optimize_for_inference,
@@ -30,6 +32,7 @@ from hfbert.inference.swapped import refresh
 __all__ = [
     "ACCURACY_BOUNDS",
     "MODES",
+    "PRECISIONS",
     "AppliedMode",
     "inference_mode_of",
     "optimize_for_inference",

@@ -157,9 +157,19 @@ class FusedIntermediate(FusedBlock, BertIntermediate):
             return super().forward(hidden_states)
         if way == 1:
             return self.activation(self.kernel.run(hidden_states, self._form))
-        # GELU as oneDNN's post-op: only offered for the erf form (`candidates`)
-        rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-        return packed_product(rows, *self._form, "gelu").view(*hidden_states.shape[:-1], -1)
+        # GELU as oneDNN's post-op: only offered for the erf form (`candidates`, `gelu_choice`)
+        return self.kernel.run_gelu(hidden_states, self._form)
+
+    @classmethod
+    def from_block(cls, block: nn.Module, choice: tuple[int, ...], kernel: Kernel = WHOLE) -> FusedIntermediate:
+        """`swap_in` for the feed-forward block, with its `choice` per row count and its product's `kernel`."""
+        return cls.swap_in(block, _choice=choice, kernel=kernel)
+
+    @staticmethod
+    def gelu_choice(block: nn.Module) -> int:
+        """The way to run at every row count for a kernel that always wins (bf16): GELU as its post-op where the
+        block's activation is GELU's erf form, else the product and then the block's activation."""
+        return 2 if block.activation is F.gelu else 1
 
     @staticmethod
     def candidates(hidden: int, intermediate: int, activation: Any) -> list[Candidate]:

@@ -13,6 +13,9 @@ Three modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-c
   transformers' own (at most 1.5x); a bf16 model is packed too on CPUs that compute bf16 natively.
 - fp32, `precision="high"`: the fast mode of `fused.py`, at most 3x transformers' error: query, key and value in
   one product, GELU and the residual add as oneDNN post-ops, whole-width packed weights.
+- `precision="bf16"`, on CPUs that compute bf16 natively: `BF16Linear` (`bf16.py`), and attention's query, key and
+  value in one bf16 product: the products in bf16 (fp32 sums), the residual stream, LayerNorm, softmax and GELU in
+  fp32; RMS error against float64 at most OpenVINO bf16's (lossy by design, about 1e-3 of the hidden states).
 - `quantize="int8"`: `Int8Linear` (`int8.py`), and attention's query, key and value in one int8 product (the fused
   block of `fused.py` with the int8 kernel): int8 weights, activations quantized per token at run time, lossy by
   design (docs/cpu-inference.md measures it).
@@ -66,6 +69,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hfbert.inference.bf16 import BF16, BF16Linear, bf16_available
 from hfbert.inference.compiled import (
     COMPILED_FP32,
     COMPILED_INT8,
@@ -74,7 +78,13 @@ from hfbert.inference.compiled import (
     compile_target,
     uncompile,
 )
-from hfbert.inference.fused import FUSED_BLOCKS, FusedBlock, attention_projection, block_candidates
+from hfbert.inference.fused import (
+    FUSED_BLOCKS,
+    FusedBlock,
+    FusedIntermediate,
+    attention_projection,
+    block_candidates,
+)
 from hfbert.inference.int8 import INT8, Int8Linear, int8_available
 from hfbert.inference.measured import ROW_BUCKETS, Candidate, measured_choice
 from hfbert.inference.packed import BLOCKED, MIN_PACKED_WEIGHTS, PackedLinear, linear_candidates, packing_supported
@@ -86,6 +96,9 @@ QUANTIZATIONS = ("int8",)
 # Each precision's contract: RMS error against float64, on every output, at most this many times transformers' own
 # fp32 error (docs/numerical-contract.md, measured by `python -m benchmarks.numerical_contract`).
 ACCURACY_BOUNDS = {"highest": 1.5, "high": 3.0}
+# bf16 rounds each product's inputs and outputs to 8 bits: its error is about 2**-9 of a value, thousands of times
+# fp32's, so its contract is not a multiple of fp32's error but OpenVINO bf16's error on the same inputs (`bf16.py`).
+PRECISIONS = (*ACCURACY_BOUNDS, "bf16")
 # "measured": each swapped block runs, at each row count, what was measured fastest here (the plain computation
 # included). "always": every swapped block runs its most fused kernel, whatever its speed (for accuracy checks).
 KERNEL_CHOICES = ("measured", "always")
@@ -134,7 +147,9 @@ def optimize_for_inference(
 
     `precision="highest"` (the default) keeps the model as accurate as transformers (RMS error against float64 at
     most 1.5x transformers' own); `precision="high"` is the fast fp32 mode of `fused.py` (at most 3x): query, key
-    and value in one product, post-ops fused, whole-width packed weights. `kernels="measured"` (the default): a
+    and value in one product, post-ops fused, whole-width packed weights; `precision="bf16"` (`bf16.py`), on CPUs
+    that compute bf16 natively, runs the products in bf16 and the rest in fp32, at most OpenVINO bf16's error.
+    `kernels="measured"` (the default): a
     packed or fused kernel runs only at the row counts where it was measured faster than the plain model on this
     machine (`measured.py`), so an optimized model is never slower than the plain one; `kernels="always"` runs
     it everywhere (to check its accuracy on an instruction set).
@@ -176,13 +191,16 @@ def _mode_key(quantize: str | None, precision: str, kernels: str, compile: bool)
     """The arguments checked, each against its choices, then as a combination: the key of their row of MODES."""
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZATIONS)}, not {quantize!r}")
-    if precision not in ACCURACY_BOUNDS:
-        raise ValueError(f"precision must be one of {', '.join(map(repr, ACCURACY_BOUNDS))}, not {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, not {precision!r}")
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNEL_CHOICES))}, not {kernels!r}")
     if compile not in (True, False):
         raise ValueError(f"compile must be True or False, not {compile!r}")
     key = (quantize, precision, bool(compile))
+    if key not in MODES and precision == "bf16":
+        combined = f"quantize={quantize!r}" if quantize is not None else "compile=True"
+        raise ValueError(f"precision='bf16' runs eagerly in bf16: it cannot be combined with {combined}")
     if key not in MODES:
         raise ValueError(f"precision={precision!r} is an fp32 mode: it cannot be combined with quantize={quantize!r}")
     return key
@@ -256,16 +274,41 @@ def _swap_fused_blocks(model: nn.Module, kernels: str) -> None:
     _swap(model, fused, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choices[name]))
 
 
-def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
+def _swap_attention(model: nn.Module, kernel: Kernel) -> None:
+    """Attention's query, key and value in one product of `kernel`, at every row count: the int8 and bf16 products
+    beat fp32's wherever they were measured (docs/cpu-inference.md)."""
     attention = [
         name
-        for name in _fused_blocks(model, INT8)
+        for name in _fused_blocks(model, kernel)
         if (projection := attention_projection(model.get_submodule(name))) is not None
         and projection.weight.numel() >= MIN_INT8_WEIGHTS
     ]
-    # int8 runs at every row count: its products beat fp32's wherever it was measured (docs/cpu-inference.md).
     choice = (1,) * len(ROW_BUCKETS)
-    _swap(model, attention, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choice, kernel=INT8))
+    _swap(model, attention, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choice, kernel=kernel))
+
+
+def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
+    _swap_attention(model, INT8)
+
+
+def _swap_bf16_attention(model: nn.Module, kernels: str) -> None:
+    _swap_attention(model, BF16)
+
+
+def _swap_bf16_intermediates(model: nn.Module, kernels: str) -> None:
+    fused = _fused_blocks(model, BF16)
+    blocks = [name for name in fused if FUSED_BLOCKS[type(model.get_submodule(name))] is FusedIntermediate]
+
+    def make(name: str, block: nn.Module) -> FusedIntermediate:
+        choice = (FusedIntermediate.gelu_choice(block),) * len(ROW_BUCKETS)
+        return FusedIntermediate.from_block(block, choice, kernel=BF16)
+
+    _swap(model, blocks, make)
+
+
+def _swap_bf16_linears(model: nn.Module, kernels: str) -> None:
+    # The same smallest layer as int8's: a classifier's few outputs stay fp32, their rounding would land on logits.
+    _swap(model, _linears(model, BF16, MIN_INT8_WEIGHTS), lambda name, layer: BF16Linear.from_linear(layer))
 
 
 def _swap_int8_linears(model: nn.Module, kernels: str) -> None:
@@ -295,6 +338,13 @@ MODES: dict[tuple, Mode] = {
     (None, "highest", False): Mode("fp32", (_swap_packed_linears,), packing_supported, "oneDNN on x86", _packed_dtypes),
     (None, "high", False): Mode(
         "fp32 high", (_swap_fused_blocks, _swap_packed_linears), packing_supported, "oneDNN on x86", _fp32
+    ),
+    (None, "bf16", False): Mode(
+        "bf16",
+        (_swap_bf16_attention, _swap_bf16_intermediates, _swap_bf16_linears),
+        bf16_available,
+        "a CPU that computes bf16 natively (AVX512-BF16 or AMX) and torch's oneDNN",
+        _fp32,
     ),
     ("int8", "highest", False): Mode(
         "int8", (_swap_int8_attention, _swap_int8_linears), int8_available, "oneDNN's int8 kernel (x86, AVX2)", _fp32

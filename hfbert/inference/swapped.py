@@ -88,6 +88,8 @@ class Kernel:
     accepts: Callable[[Tensor, Tensor], bool]  # whether it runs this input (its dtype) with this weight
     build: Callable[[Tensor, Tensor | None], Any]  # (weight, bias) -> the form, holding the bias itself (no copy)
     run: Callable[[Tensor, Any], Tensor]  # (rows, form) -> rows @ weight.T + bias
+    # (rows, form) -> GELU (erf) of that, as the product's post-op; None where the kernel has none
+    run_gelu: Callable[[Tensor, Any], Tensor] | None = None
 
 
 def swap_state(module: nn.Module) -> dict[str, Any]:

@@ -52,7 +52,14 @@ def instruction_set() -> str:
 def bfloat16_native() -> bool:
     """Whether this CPU computes bf16 in hardware (AVX512-BF16 or AMX) as oneDNN sees it, caps included."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(check and torch.backends.mkldnn.is_available() and check())
+    if not (check and torch.backends.mkldnn.is_available() and check()):
+        return False
+    # oneDNN says yes on any AVX-512 CPU (it emulates bf16 on Skylake's), and under a cap below the CPU's bf16 ISA.
+    flags = cpu_flags()
+    if flags and not flags & {"avx512_bf16", "amx_bf16"}:
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return cap in ("", "ALL", "DEFAULT") or "BF16" in cap or "AMX" in cap or cap.startswith("AVX10")
 
 
 # Users pick bf16 to go faster; where the CPU emulates it, BERT runs several times slower than in fp32

@@ -52,6 +52,8 @@ class Embedder:
     (texts, dimension) float32 embeddings. `pooling`, `normalize`, `max_length`, `prompt` / `prompt_name`: None
     keeps the checkpoint's choice (see the module docstring). `revision`, `cache_dir`, `token`: for a Hub repo id.
     `quantize="int8"`: int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`).
+    `precision="bf16"`: the encoder's products in bf16, the rest in fp32, on CPUs that compute bf16 natively (faster,
+    lossy: `hfbert/inference/bf16.py`); "high": the fast fp32 mode (`hfbert/inference/fused.py`).
     `ignore_auto_map=True`: load a checkpoint whose config.json points to custom code as plain BERT (you know its
     weights are)."""
 
@@ -66,6 +68,7 @@ class Embedder:
         device: str = "cpu",
         dtype: str | torch.dtype | None = None,
         quantize: str | None = None,
+        precision: str = "highest",
         prompt: str | None = None,
         prompt_name: str | None = None,
         revision: str | None = None,
@@ -94,8 +97,8 @@ class Embedder:
             ignore_auto_map=ignore_auto_map,
         )
         # Inference only, so the weights are packed (fp32: the same numbers as unpacked, within hfbert's contract;
-        # a no-op off x86 CPUs) or, when asked, quantized to int8.
-        optimize_for_inference(self.model, quantize=quantize)
+        # a no-op off x86 CPUs) or, when asked, quantized to int8 or run in bf16.
+        optimize_for_inference(self.model, quantize=quantize, precision=precision)
         config = self.model.config
         limit = config.max_sequence_length  # RoBERTa's: max_position_embeddings - pad_token_id - 1
         self.pipeline = read_pipeline(directory, config.hidden_size, limit, self.tokenizer.model_max_length)

@@ -166,10 +166,12 @@ def load_head_model(
     device: str = "cpu",
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
+    precision: str = "highest",
     ignore_auto_map: bool = False,
 ) -> Any:
     """The family's model for `task` ("sequence-classification", "masked-lm") from `directory`, in eval mode with
-    its linear layers packed for inference (`quantize="int8"`: int8, as `optimize_for_inference`); ValueError naming
+    its linear layers packed for inference (`quantize="int8"`: int8, `precision="bf16"`: bf16 products, as
+    `optimize_for_inference`); ValueError naming
     the folder when the checkpoint has no tensor of the task's head (transformers would initialise one at random:
     scores of noise)."""
     from hfbert.inference import optimize_for_inference
@@ -201,5 +203,5 @@ def load_head_model(
             f"{directory}: the checkpoint has no {what} (no {head}* tensors in its weights); {cls.__name__} needs one"
         )
     # fp32 packed weights give the plain model's numbers within hfbert's contract (a no-op off x86 CPUs); int8 is
-    # lossy, and only when asked.
-    return optimize_for_inference(model, quantize=quantize)
+    # lossy, and only when asked (bf16 too).
+    return optimize_for_inference(model, quantize=quantize, precision=precision)

@@ -49,7 +49,8 @@ class CrossEncoder:
     """A cross-encoder checkpoint (a local folder or Hub repo id with a classification head) scoring text pairs as
     sentence-transformers' `CrossEncoder` does (see the module docstring). `max_length`: tokens per pair (default:
     the folder's); `activation_fn`: replaces the folder's default activation; `quantize="int8"`: the encoder in int8
-    weights and activations (faster, lossy: `hfbert/inference/int8.py`; the logits' own product stays fp32).
+    weights and activations (faster, lossy: `hfbert/inference/int8.py`; the logits' own product stays fp32);
+    `precision="bf16"`: the encoder's products in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`).
     `revision`, `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose config.json
     points to custom code as plain BERT."""
 
@@ -62,6 +63,7 @@ class CrossEncoder:
         device: str = "cpu",
         dtype: str | torch.dtype | None = None,
         quantize: str | None = None,
+        precision: str = "highest",
         revision: str | None = None,
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
@@ -90,6 +92,7 @@ class CrossEncoder:
             device=device,
             dtype=dtype,
             quantize=quantize,
+            precision=precision,
             ignore_auto_map=ignore_auto_map,
         )
         self.tokenizer = AutoTokenizer.from_pretrained(directory)

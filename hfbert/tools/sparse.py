@@ -61,8 +61,10 @@ class SparseEncoder:
     vocabulary as sentence-transformers' `SparseEncoder` does (see the module docstring). `max_length`: tokens per
     text (default: the folder's); `max_active_dims`: keep each vector's largest weights (default: the folder's, else
     all); `quantize="int8"`: the encoder in int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`;
-    the vocabulary projection, tied to the word embeddings, stays fp32). `revision`, `cache_dir`, `token`: for a Hub
-    repo id. `ignore_auto_map=True`: load a checkpoint whose config.json points to custom code as plain BERT."""
+    the vocabulary projection, tied to the word embeddings, stays fp32); `precision="bf16"`: the encoder's products
+    in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`; the projection stays fp32). `revision`,
+    `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose config.json points to
+    custom code as plain BERT."""
 
     def __init__(
         self,
@@ -73,6 +75,7 @@ class SparseEncoder:
         device: str = "cpu",
         dtype: str | torch.dtype | None = None,
         quantize: str | None = None,
+        precision: str = "highest",
         revision: str | None = None,
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
@@ -84,7 +87,13 @@ class SparseEncoder:
         self.settings = settings = read_folder_settings(directory, "SparseEncoder")
         self.pooling_strategy, self.activation_function, self.source = splade_modules(directory, settings)
         self.model = load_head_model(
-            directory, "masked-lm", device=device, dtype=dtype, quantize=quantize, ignore_auto_map=ignore_auto_map
+            directory,
+            "masked-lm",
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            precision=precision,
+            ignore_auto_map=ignore_auto_map,
         )
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         if settings.do_lower_case:
