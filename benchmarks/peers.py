@@ -47,8 +47,9 @@ Rows (goals are printed beside the numbers, never asserted):
        sentence-transformers' SparseEncoder as MLMTransformer + SpladePooling (max, log1p_relu). Before timing, the
        weights are checked within 1e-5 of sentence-transformers' with the same nonzero set
        Rows 8 and 9 (goal, issue 52: hfbert >= 2x sentence-transformers; --quick: fewer rounds, the same texts) are
-       not in the default run: `--rows retrieval` (or 8, 9). The report prints them after the other tables;
-       benchmarks/report.py does not render them into the docs yet
+       not in the default run: `--rows retrieval` (or 8, 9). The report prints them after the other tables, and
+       renders them into the docs; with a bf16 column (hfbert's precision="bf16", lossy, measured as int8 is) where
+       the CPU computes bf16 natively
   10   ModernBERT on long documents (issue 51), fp32: a ModernBertModel at answerdotai/ModernBERT-base's shape (22
        layers of 768, 12 heads, intermediate 1152, every third layer global from layer 0, the others a window of
        local_attention // 2 = 64 columns each side, 8192 positions, vocabulary 50368), random weights (seeded), written
@@ -189,6 +190,7 @@ from benchmarks.benchmark import (  # the shared inputs and timing
 from benchmarks.busy import BusyMeter
 from benchmarks.report import ENGINES, HFBERT_ENGINES, HFBERT_PLAIN, ORT_UNFUSED, PEERS
 from hfbert.inference import packed_layers
+from hfbert.inference.bf16 import bf16_available
 from hfbert.inference.compiled import compile_report, eager_shapes, padded_shape
 from hfbert.inference.measured import ROW_BUCKETS
 from hfbert.platform.cpu import bfloat16_native, cpu_flags, instruction_set
@@ -218,6 +220,8 @@ MPNET_TEXTS = 96
 # 256 texts encoded; its goal for both, printed, never asserted: hfbert >= 2x sentence-transformers.
 RERANK_DOCUMENTS, SPARSE_TEXTS, RETRIEVAL_GOAL = 100, 256, 2.0
 RERANK_QUERY = "what is the capital of France?"
+# Rows 8 and 9's bf16 column: hfbert's precision="bf16" mode, only where the CPU computes bf16 natively.
+BF16_RUNNER = "hfbert bf16"
 RETRIEVAL_MAX_ABS = 1e-5  # issue 52: scores and sparse weights within this of sentence-transformers'
 # Row 9's masked-LM output bias: with all-MiniLM-L6-v2's (tied) word embeddings and a random transform, a text's
 # max-pooled vector keeps a few hundred of the 30522 words at -4 (nearly all at 0), as a trained SPLADE model's does.
@@ -1040,8 +1044,10 @@ def token_counts(lengths: list[int]) -> dict[str, Any]:
 
 
 def retrieval_record(key: str, model: str, rounds: dict, accuracy: dict, models: dict[str, torch.nn.Module]) -> dict:
-    """Rows 8 and 9's common fields, in rows 5 and 7's layout; `models`: hfbert's, fp32 and int8, by runner name."""
+    """Rows 8 and 9's common fields, in rows 5 and 7's layout; `models`: hfbert's, fp32, int8 and (where the CPU
+    computes it natively) bf16, by runner name."""
     seconds = {name: statistics.median(values) for name, values in rounds.items()}
+    bf16 = {"ratio_bf16": seconds["sentence-transformers"] / seconds[BF16_RUNNER]} if BF16_RUNNER in seconds else {}
     return {
         "row": key,
         "model": model,
@@ -1049,6 +1055,7 @@ def retrieval_record(key: str, model: str, rounds: dict, accuracy: dict, models:
         "rounds": rounds,
         "ratio": seconds["sentence-transformers"] / seconds["hfbert"],
         "ratio_int8": seconds["sentence-transformers"] / seconds["hfbert int8"],
+        **bf16,
         "goal": RETRIEVAL_GOAL,
         "tolerance": RETRIEVAL_MAX_ABS,
         "accuracy": accuracy,
@@ -1058,9 +1065,9 @@ def retrieval_record(key: str, model: str, rounds: dict, accuracy: dict, models:
     }
 
 
-def int8_accuracy(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
-    """int8 against sentence-transformers' fp32 (lossy by design, so measured, not held to RETRIEVAL_MAX_ABS): the
-    RMS of the difference over the RMS spread of the reference, and the largest difference."""
+def lossy_accuracy(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
+    """int8 or bf16 against sentence-transformers' fp32 (lossy by design, so measured, not held to
+    RETRIEVAL_MAX_ABS): the RMS of the difference over the RMS spread of the reference, and the largest difference."""
     ours, theirs = ours.double(), theirs.double()
     spread = (theirs - theirs.mean()).square().mean().sqrt()
     return {
@@ -1080,10 +1087,12 @@ def rerank_row(args: argparse.Namespace, work: Path) -> dict:
     directory = cross_encoder_folder(work / "cross-encoder")
     ours = hfbert.CrossEncoder(directory)
     fast = hfbert.CrossEncoder(directory, quantize="int8")
+    halved = hfbert.CrossEncoder(directory, precision="bf16") if bf16_available() else None
     peer = PeerCrossEncoder(str(directory), device="cpu")
     runners = {
         "hfbert": lambda texts: ours.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH),
         "hfbert int8": lambda texts: fast.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH),
+        **({BF16_RUNNER: lambda texts: halved.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH)} if halved else {}),
         "sentence-transformers": lambda texts: peer.rank(
             RERANK_QUERY, texts, batch_size=MIXED_BATCH, show_progress_bar=False
         ),
@@ -1102,7 +1111,9 @@ def rerank_row(args: argparse.Namespace, work: Path) -> dict:
         "order_agrees": rising <= RETRIEVAL_MAX_ABS,
     }
     accuracy["agree"] = max_abs <= RETRIEVAL_MAX_ABS and accuracy["order_agrees"]
-    accuracy["int8"] = int8_accuracy(torch.from_numpy(fast.predict(pairs, batch_size=MIXED_BATCH)), expected)
+    accuracy["int8"] = lossy_accuracy(torch.from_numpy(fast.predict(pairs, batch_size=MIXED_BATCH)), expected)
+    if halved is not None:
+        accuracy["bf16"] = lossy_accuracy(torch.from_numpy(halved.predict(pairs, batch_size=MIXED_BATCH)), expected)
     progress(
         f"row 8: scores max abs {max_abs:.1e} (<= {RETRIEVAL_MAX_ABS:.0e}: {max_abs <= RETRIEVAL_MAX_ABS}), "
         f"same order {accuracy['same_order']} (within the tolerance: {accuracy['order_agrees']}); "
@@ -1112,7 +1123,7 @@ def rerank_row(args: argparse.Namespace, work: Path) -> dict:
     encoded = ours.tokenizer(
         [RERANK_QUERY] * len(documents), documents, truncation="longest_first", max_length=ours.max_length
     )
-    models = {"hfbert": ours.model, "hfbert int8": fast.model}
+    models = {"hfbert": ours.model, "hfbert int8": fast.model, **({BF16_RUNNER: halved.model} if halved else {})}
     row = retrieval_record(RERANK_ROW, "all-MiniLM-L6-v2 + 1-label head", rounds, accuracy, models)
     lengths = [len(ids) for ids in encoded["input_ids"]]
     row.update(query=RERANK_QUERY, documents=len(documents), tokens=token_counts(lengths))
@@ -1132,23 +1143,33 @@ def sparse_row(args: argparse.Namespace, work: Path) -> dict:
     directory = splade_folder(work / "splade")
     ours = hfbert.SparseEncoder(directory)
     fast = hfbert.SparseEncoder(directory, quantize="int8")
+    halved = hfbert.SparseEncoder(directory, precision="bf16") if bf16_available() else None
     peer = PeerSparseEncoder(str(directory), device="cpu")
     runners = {
         "hfbert": lambda batch_of_texts: ours.encode(batch_of_texts, batch_size=MIXED_BATCH),
         "hfbert int8": lambda batch_of_texts: fast.encode(batch_of_texts, batch_size=MIXED_BATCH),
+        **({BF16_RUNNER: lambda texts_: halved.encode(texts_, batch_size=MIXED_BATCH)} if halved else {}),
         "sentence-transformers": lambda batch_of_texts: peer.encode(
             batch_of_texts, batch_size=MIXED_BATCH, show_progress_bar=False
         ),
     }
-    mine, quantized, theirs = (runners[name](texts).to_dense() for name in runners)
+    compared = ("hfbert", "hfbert int8", "sentence-transformers")
+    mine, quantized, theirs = (runners[name](texts).to_dense() for name in compared)
     present, expected_present = mine != 0, theirs != 0
     differ = int((present != expected_present).sum())
     max_abs = (mine.double() - theirs.double()).abs().max().item()
     accuracy = {"max_abs": max_abs, "nonzero_differ": differ, "agree": max_abs <= RETRIEVAL_MAX_ABS and differ == 0}
     accuracy["int8"] = {
-        **int8_accuracy(quantized, theirs),
+        **lossy_accuracy(quantized, theirs),
         "nonzero_differ": int(((quantized != 0) != expected_present).sum()),
     }
+    if halved is not None:
+        rounded = runners[BF16_RUNNER](texts).to_dense()
+        accuracy["bf16"] = {
+            **lossy_accuracy(rounded, theirs),
+            "nonzero_differ": int(((rounded != 0) != expected_present).sum()),
+        }
+        del rounded
     progress(
         f"row 9: weights max abs {max_abs:.1e} (<= {RETRIEVAL_MAX_ABS:.0e}: {max_abs <= RETRIEVAL_MAX_ABS}), "
         f"{differ} entries differ in zeros; " + ("agree" if accuracy["agree"] else "MISMATCH")
@@ -1157,7 +1178,7 @@ def sparse_row(args: argparse.Namespace, work: Path) -> dict:
     del mine, quantized, theirs, present, expected_present
     rounds, _ = interleaved(runners, [texts], args.embed_repeats, 1, "cpu", SETTLE)
     lengths = [len(ids) for ids in ours.tokenizer(texts, truncation=True, max_length=ours.max_length)["input_ids"]]
-    models = {"hfbert": ours.model, "hfbert int8": fast.model}
+    models = {"hfbert": ours.model, "hfbert int8": fast.model, **({BF16_RUNNER: halved.model} if halved else {})}
     row = retrieval_record(SPARSE_ROW, "all-MiniLM-L6-v2 + masked-LM head", rounds, accuracy, models)
     row.update(texts=len(texts), tokens=token_counts(lengths), describe=ours.describe())
     row["active"] = {"median": statistics.median(active), "max": max(active), "vocabulary": ours.dimension}

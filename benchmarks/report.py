@@ -487,19 +487,30 @@ def peers_retrieval(result: dict) -> list[str]:
             calls = "SparseEncoder.encode"
             lossy = f", {int8['nonzero_differ']} entries differ in zeros"
         seconds = row["seconds"]
-        met = {ratio: "met" if row[ratio] >= row["goal"] else "MISS" for ratio in ("ratio", "ratio_int8")}
+        ratios = ("ratio", "ratio_int8", "ratio_bf16") if "ratio_bf16" in row else ("ratio", "ratio_int8")
+        met = {ratio: "met" if row[ratio] >= row["goal"] else "MISS" for ratio in ratios}
+        bf16 = "ratio_bf16" in row
+        header = " hfbert bf16 (precision='bf16') |" if bf16 else ""
+        bf16_seconds = f" {show_seconds(seconds['hfbert bf16'])} |" if bf16 else ""
+        bf16_ratio = f" {row['ratio_bf16']:.2f}x {met['ratio_bf16']} |" if bf16 else ""
+        bf16_check = ""
+        if bf16:
+            halved = accuracy["bf16"]
+            differ = f", {halved['nonzero_differ']} entries differ in zeros" if "nonzero_differ" in halved else ""
+            measured = f"relative RMS {halved['relative_rms']:.3f}, max abs {halved['max_abs']:.1e}{differ}"
+            bf16_check = f" {measured} (lossy) |"
         lines += [
             "",
             f"| {job} ({tokens['total']} tokens, median {tokens['median']:.0f}, max {tokens['max']}), batches of "
-            f"32 | hfbert {calls} fp32 | hfbert int8 | sentence-transformers {calls} fp32 |",
-            "|---|---|---|---|",
-            f"| seconds | {show_seconds(seconds['hfbert'])} | {show_seconds(seconds['hfbert int8'])} "
-            f"| {show_seconds(seconds['sentence-transformers'])} |",
+            f"32 | hfbert {calls} fp32 | hfbert int8 |{header} sentence-transformers {calls} fp32 |",
+            "|---|---|---|" + "---|" * bf16 + "---|",
+            f"| seconds | {show_seconds(seconds['hfbert'])} | {show_seconds(seconds['hfbert int8'])} |{bf16_seconds}"
+            f" {show_seconds(seconds['sentence-transformers'])} |",
             f"| sentence-transformers / hfbert (goal >= {row['goal']:.1f}x) | {row['ratio']:.2f}x {met['ratio']} "
-            f"| {row['ratio_int8']:.2f}x {met['ratio_int8']} | 1.00x |",
+            f"| {row['ratio_int8']:.2f}x {met['ratio_int8']} |{bf16_ratio} 1.00x |",
             f"| vs sentence-transformers | {check} (<= {row['tolerance']:.0e}): "
             f"{'agree' if accuracy['agree'] else 'MISMATCH'} | relative RMS {int8['relative_rms']:.3f}, max abs "
-            f"{int8['max_abs']:.1e}{lossy} (lossy) | - |",
+            f"{int8['max_abs']:.1e}{lossy} (lossy) |{bf16_check} - |",
         ]
     return lines
 
