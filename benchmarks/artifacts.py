@@ -86,6 +86,48 @@ def export_onnx(
     return path
 
 
+class HeadExporter(torch.nn.Module):
+    """transformers' model with a task head, its inputs positional, returning the head's logits."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+
+def export_head_onnx(checkpoint: Path, path: Path, task: str) -> Path:
+    """transformers' BERT with its `task` head ("sequence-classification": BertForSequenceClassification's logits;
+    "masked-lm": BertForMaskedLM's logits over the vocabulary, as optimum's ORTModelFor* run them) as ONNX, opset
+    17, eager attention (the graph ORT's BERT fusions recognise), dynamic batch and sequence axes, output "logits"."""
+    import transformers
+
+    classes = {"sequence-classification": "AutoModelForSequenceClassification", "masked-lm": "AutoModelForMaskedLM"}
+    transformers.logging.set_verbosity_error()
+    model = getattr(transformers, classes[task]).from_pretrained(checkpoint, attn_implementation="eager").eval()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, model.config.vocab_size, (2, 16), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUT_NAMES, "logits")}
+    if task == "sequence-classification":
+        axes["logits"] = {0: "batch"}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            HeadExporter(model).eval(),
+            (ids, mask, torch.zeros_like(ids)),
+            path,
+            input_names=list(INPUT_NAMES),
+            output_names=["logits"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+    return path
+
+
 def fuse_onnx(
     plain: Path, path: Path, num_heads: int, hidden_size: int, gelu_approximation: bool = False
 ) -> tuple[Path, dict[str, int]]:

@@ -49,7 +49,10 @@ Rows (goals are printed beside the numbers, never asserted):
        Rows 8 and 9 (goal, issue 52: hfbert >= 2x sentence-transformers; --quick: fewer rounds, the same texts) are
        not in the default run: `--rows retrieval` (or 8, 9). The report prints them after the other tables, and
        renders them into the docs; with a bf16 column (hfbert's precision="bf16", lossy, measured as int8 is) where
-       the CPU computes bf16 natively
+       the CPU computes bf16 natively, and an ONNX Runtime column: transformers' BertForSequenceClassification or
+       BertForMaskedLM exported with its head (`export_head_onnx`: the logits, as optimum's ORTModelFor* run them),
+       fused by ORT's BERT optimizer, fed sentence-transformers' batches (32 in input order, its tokenizer, padded to
+       the longest), the score or the SPLADE pooling computed from the logits as sentence-transformers does
   10   ModernBERT on long documents (issue 51), fp32: a ModernBertModel at answerdotai/ModernBERT-base's shape (22
        layers of 768, 12 heads, intermediate 1152, every third layer global from layer 0, the others a window of
        local_attention // 2 = 64 columns each side, 8192 positions, vocabulary 50368), random weights (seeded), written
@@ -178,7 +181,7 @@ import torch
 
 import hfbert
 from benchmarks import common, report
-from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
+from benchmarks.artifacts import convert_ctranslate2, export_head_onnx, export_onnx, fuse_onnx, quantize_onnx
 from benchmarks.benchmark import (  # the shared inputs and timing
     MIXED_BATCH,
     batch,
@@ -222,6 +225,8 @@ RERANK_DOCUMENTS, SPARSE_TEXTS, RETRIEVAL_GOAL = 100, 256, 2.0
 RERANK_QUERY = "what is the capital of France?"
 # Rows 8 and 9's bf16 column: hfbert's precision="bf16" mode, only where the CPU computes bf16 natively.
 BF16_RUNNER = "hfbert bf16"
+# Their ONNX Runtime column: transformers' model with its head exported and fused, run as optimum's ORTModelFor*.
+ONNX_RUNNER = "ONNX Runtime"
 RETRIEVAL_MAX_ABS = 1e-5  # issue 52: scores and sparse weights within this of sentence-transformers'
 # Row 9's masked-LM output bias: with all-MiniLM-L6-v2's (tied) word embeddings and a random transform, a text's
 # max-pooled vector keeps a few hundred of the 30522 words at -4 (nearly all at 0), as a trained SPLADE model's does.
@@ -1048,6 +1053,8 @@ def retrieval_record(key: str, model: str, rounds: dict, accuracy: dict, models:
     computes it natively) bf16, by runner name."""
     seconds = {name: statistics.median(values) for name, values in rounds.items()}
     bf16 = {"ratio_bf16": seconds["sentence-transformers"] / seconds[BF16_RUNNER]} if BF16_RUNNER in seconds else {}
+    if ONNX_RUNNER in seconds:  # ONNX Runtime over hfbert's fastest
+        bf16["onnx_over_hfbert"] = seconds[ONNX_RUNNER] / min(seconds[name] for name in models)
     return {
         "row": key,
         "model": model,
@@ -1076,6 +1083,72 @@ def lossy_accuracy(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
     }
 
 
+def head_session(directory: Path, work: Path, task: str, threads: int) -> tuple[Any, dict[str, int]]:
+    """ONNX Runtime on transformers' model with its `task` head exported (`export_head_onnx`: the logits, as
+    optimum's ORTModelFor* run it) and fused by its BERT optimizer, ORT_ENABLE_ALL, `threads` intra-op threads, one
+    inter-op thread, the CPU provider: what a user who deploys the head's graph runs."""
+    import onnxruntime
+
+    config = hfbert.BertConfig.from_json_file(directory / "config.json")
+    plain = export_head_onnx(directory, work / f"{task}.onnx", task)
+    fused, fusions = fuse_onnx(plain, work / f"{task}-fused.onnx", config.num_attention_heads, config.hidden_size)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
+    return session, fusions
+
+
+def head_logits(session: Any, tokenizer: Any, texts: list, **tokenizing: Any) -> Any:
+    """The head graph's logits on one batch as the user of an ONNX graph feeds it: tokenized by transformers'
+    tokenizer (the one sentence-transformers loaded), padded to the batch's longest, int64 numpy arrays; and the
+    attention mask."""
+    encoded = tokenizer(*texts, padding=True, return_tensors="np", **tokenizing)
+    inputs = {name: encoded[name].astype("int64") for name in ("input_ids", "attention_mask", "token_type_ids")}
+    return session.run(["logits"], inputs)[0], encoded["attention_mask"]
+
+
+def onnx_rank(session: Any, peer: Any, query: str, documents: list[str]) -> list[dict]:
+    """sentence-transformers' CrossEncoder.rank around the head's graph: pairs in batches of 32 in input order,
+    truncated longest-first to the folder's max length, the one logit as the score (the folder's activation is
+    Identity), best first."""
+    scores = []
+    for start in range(0, len(documents), MIXED_BATCH):
+        batch = documents[start : start + MIXED_BATCH]
+        logits, _ = head_logits(
+            session,
+            peer.tokenizer,
+            [[query] * len(batch), batch],
+            truncation="longest_first",
+            max_length=peer.max_length,
+        )
+        scores.append(torch.from_numpy(logits[:, 0]))
+    scored = torch.cat(scores)
+    order = torch.argsort(scored, descending=True, stable=True).tolist()
+    return [{"corpus_id": index, "score": float(scored[index])} for index in order]
+
+
+def onnx_splade(session: Any, peer: Any, encoder: Any, texts: list[str]) -> torch.Tensor:
+    """sentence-transformers' SparseEncoder.encode around the masked-LM graph: batches of 32 in input order,
+    truncated to the folder's max length, the logits times the attention mask, then the folder's activation and
+    pooling (log1p of relu, log1p once more for log1p_relu; max or sum over the tokens); a sparse COO tensor."""
+    vectors = []
+    for start in range(0, len(texts), MIXED_BATCH):
+        logits, mask = head_logits(
+            session,
+            peer.tokenizer,
+            [texts[start : start + MIXED_BATCH]],
+            truncation=True,
+            max_length=encoder.max_length,
+        )
+        weights = (torch.from_numpy(logits) * torch.from_numpy(mask).unsqueeze(-1)).relu_().log1p_()
+        if encoder.activation_function == "log1p_relu":
+            weights = weights.log1p_()
+        pooled = weights.amax(1) if encoder.pooling_strategy == "max" else weights.sum(1)
+        vectors.append(pooled.to_sparse())
+    return torch.cat(vectors)
+
+
 def rerank_row(args: argparse.Namespace, work: Path) -> dict:
     """Row 8: hfbert.CrossEncoder.rank against sentence-transformers' CrossEncoder.rank (its predict, then a sort)
     on the same folder: one query, RERANK_DOCUMENTS real texts, batches of 32. Before timing, predict's scores are
@@ -1089,8 +1162,12 @@ def rerank_row(args: argparse.Namespace, work: Path) -> dict:
     fast = hfbert.CrossEncoder(directory, quantize="int8")
     halved = hfbert.CrossEncoder(directory, precision="bf16") if bf16_available() else None
     peer = PeerCrossEncoder(str(directory), device="cpu")
+    skipped: dict[str, str] = {}
+    threads = getattr(args, "threads", None) or torch.get_num_threads()
+    onnx = attempt(skipped, ONNX_RUNNER, lambda: head_session(directory, work, "sequence-classification", threads))
     runners = {
         "hfbert": lambda texts: ours.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH),
+        **({ONNX_RUNNER: lambda texts: onnx_rank(onnx[0], peer, RERANK_QUERY, texts)} if onnx else {}),
         "hfbert int8": lambda texts: fast.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH),
         **({BF16_RUNNER: lambda texts: halved.rank(RERANK_QUERY, texts, batch_size=MIXED_BATCH)} if halved else {}),
         "sentence-transformers": lambda texts: peer.rank(
@@ -1114,6 +1191,10 @@ def rerank_row(args: argparse.Namespace, work: Path) -> dict:
     accuracy["int8"] = lossy_accuracy(torch.from_numpy(fast.predict(pairs, batch_size=MIXED_BATCH)), expected)
     if halved is not None:
         accuracy["bf16"] = lossy_accuracy(torch.from_numpy(halved.predict(pairs, batch_size=MIXED_BATCH)), expected)
+    if onnx:
+        graph = {hit["corpus_id"]: hit["score"] for hit in runners[ONNX_RUNNER](documents)}
+        graph_scores = torch.tensor([graph[index] for index in range(len(documents))], dtype=torch.float64)
+        accuracy["onnx"] = {"max_abs": (graph_scores - expected).abs().max().item(), "fusions": onnx[1]}
     progress(
         f"row 8: scores max abs {max_abs:.1e} (<= {RETRIEVAL_MAX_ABS:.0e}: {max_abs <= RETRIEVAL_MAX_ABS}), "
         f"same order {accuracy['same_order']} (within the tolerance: {accuracy['order_agrees']}); "
@@ -1125,6 +1206,7 @@ def rerank_row(args: argparse.Namespace, work: Path) -> dict:
     )
     models = {"hfbert": ours.model, "hfbert int8": fast.model, **({BF16_RUNNER: halved.model} if halved else {})}
     row = retrieval_record(RERANK_ROW, "all-MiniLM-L6-v2 + 1-label head", rounds, accuracy, models)
+    row["skipped"] = skipped
     lengths = [len(ids) for ids in encoded["input_ids"]]
     row.update(query=RERANK_QUERY, documents=len(documents), tokens=token_counts(lengths))
     row["score_range"] = [expected.min().item(), expected.max().item()]
@@ -1145,8 +1227,12 @@ def sparse_row(args: argparse.Namespace, work: Path) -> dict:
     fast = hfbert.SparseEncoder(directory, quantize="int8")
     halved = hfbert.SparseEncoder(directory, precision="bf16") if bf16_available() else None
     peer = PeerSparseEncoder(str(directory), device="cpu")
+    skipped: dict[str, str] = {}
+    threads = getattr(args, "threads", None) or torch.get_num_threads()
+    onnx = attempt(skipped, ONNX_RUNNER, lambda: head_session(directory, work, "masked-lm", threads))
     runners = {
         "hfbert": lambda batch_of_texts: ours.encode(batch_of_texts, batch_size=MIXED_BATCH),
+        **({ONNX_RUNNER: lambda texts_: onnx_splade(onnx[0], peer, ours, texts_)} if onnx else {}),
         "hfbert int8": lambda batch_of_texts: fast.encode(batch_of_texts, batch_size=MIXED_BATCH),
         **({BF16_RUNNER: lambda texts_: halved.encode(texts_, batch_size=MIXED_BATCH)} if halved else {}),
         "sentence-transformers": lambda batch_of_texts: peer.encode(
@@ -1170,6 +1256,14 @@ def sparse_row(args: argparse.Namespace, work: Path) -> dict:
             "nonzero_differ": int(((rounded != 0) != expected_present).sum()),
         }
         del rounded
+    if onnx:
+        graph = runners[ONNX_RUNNER](texts).to_dense()
+        accuracy["onnx"] = {
+            "max_abs": (graph.double() - theirs.double()).abs().max().item(),
+            "nonzero_differ": int(((graph != 0) != expected_present).sum()),
+            "fusions": onnx[1],
+        }
+        del graph
     progress(
         f"row 9: weights max abs {max_abs:.1e} (<= {RETRIEVAL_MAX_ABS:.0e}: {max_abs <= RETRIEVAL_MAX_ABS}), "
         f"{differ} entries differ in zeros; " + ("agree" if accuracy["agree"] else "MISMATCH")
@@ -1180,6 +1274,7 @@ def sparse_row(args: argparse.Namespace, work: Path) -> dict:
     lengths = [len(ids) for ids in ours.tokenizer(texts, truncation=True, max_length=ours.max_length)["input_ids"]]
     models = {"hfbert": ours.model, "hfbert int8": fast.model, **({BF16_RUNNER: halved.model} if halved else {})}
     row = retrieval_record(SPARSE_ROW, "all-MiniLM-L6-v2 + masked-LM head", rounds, accuracy, models)
+    row["skipped"] = skipped
     row.update(texts=len(texts), tokens=token_counts(lengths), describe=ours.describe())
     row["active"] = {"median": statistics.median(active), "max": max(active), "vocabulary": ours.dimension}
     progress(f"row 9: {report.show_seconds(row['seconds']['hfbert'])} hfbert, {row['ratio']:.2f}x")
