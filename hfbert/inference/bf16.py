@@ -16,11 +16,11 @@ bf16 and torch's CPU autocast do it):
 - the residual stream, LayerNorm, softmax, GELU and attention's own products in fp32. Attention's query, key and
   value are one product (`fused.FusedSelfAttention` with this file's kernel, `BF16`), as in the int8 mode.
 
-Its contract (`ACCURACY_BOUNDS` in optimize.py says why it is not a multiple of fp32's error): RMS error against
+Its contract (`PRECISIONS` in optimize.py says why it is not a multiple of fp32's error): RMS error against
 float64 at most OpenVINO bf16's on the same inputs, and a min cosine to the fp32 model of at least 0.9999 on
 all-MiniLM-L6-v2 and all-mpnet-base-v2 (tests/test_bf16.py; `python -m benchmarks.peers` measures both beside
 OpenVINO). Each rounding to bf16 costs about 2**-9 of a value, relative, so the error is about 1e-3 of the hidden
-states' scale: several thousand times fp32's, and a fifth of a wholly bf16 model's (docs/cpu-inference.md).
+states' scale: several thousand times fp32's, and about 0.4x a wholly bf16 model's (docs/cpu-inference.md).
 
 Where the CPU has no native bf16 (AVX2 CPUs, Zen 3, AVX-512 before Cooper Lake), oneDNN would emulate bf16, several
 times slower than fp32: the mode's kernel cannot run there and `optimize_for_inference` says so by name (a warning,
@@ -30,6 +30,8 @@ tracing run the fp32 computation.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -65,15 +67,10 @@ def bf16_linear(input: Tensor, form: tuple[Tensor, Tensor | None], post_op: str 
     return packed_product(rows, *form, post_op).float().view(*input.shape[:-1], -1)
 
 
-def _bf16_linear_gelu(input: Tensor, form: tuple[Tensor, Tensor | None]) -> Tensor:
-    # The feed-forward's GELU on the fp32 sums: its output is rounded once (it is the next product's bf16 input),
-    # not twice (the product's output, then GELU's).
-    return bf16_linear(input, form, "gelu")
-
-
 # The bf16 mode's kernel: every large linear layer's, attention's query, key and value in one product, and the
-# feed-forward product with GELU as its post-op (`fused.FusedIntermediate`).
-BF16 = Kernel("bf16", _supports, _accepts, _build, bf16_linear, _bf16_linear_gelu)
+# feed-forward product with GELU as its post-op (`fused.FusedIntermediate`): GELU on the fp32 sums, so that its
+# output is rounded once (it is the next product's bf16 input), not twice (the product's output, then GELU's).
+BF16 = Kernel("bf16", _supports, _accepts, _build, bf16_linear, functools.partial(bf16_linear, post_op="gelu"))
 
 
 class BF16Linear(InferenceLinear):

@@ -6,7 +6,7 @@
     >>> with torch.no_grad():
     ...     out = model(input_ids=torch.tensor([[101, 102]]))
 
-Three modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-contract.md measures them):
+The modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-contract.md measures them):
 
 - fp32, `precision="highest"` (the default): large `nn.Linear` layers may become `PackedLinear` (`packed.py`), whose
   weight is packed once into oneDNN's blocked layout and summed in blocks, so the error against float64 stays

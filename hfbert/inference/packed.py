@@ -185,20 +185,15 @@ def _build_whole(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | 
     return pack_whole(weight), bias
 
 
-def _run_whole(input: Tensor, form: tuple[Tensor, Tensor | None]) -> Tensor:
+def _run_whole(input: Tensor, form: tuple[Tensor, Tensor | None], post_op: str = "none") -> Tensor:
     rows = input.reshape(-1, input.shape[-1])
-    return packed_product(rows, *form).view(*input.shape[:-1], -1)
-
-
-def _run_whole_gelu(input: Tensor, form: tuple[Tensor, Tensor | None]) -> Tensor:
-    rows = input.reshape(-1, input.shape[-1])
-    return packed_product(rows, *form, "gelu").view(*input.shape[:-1], -1)
+    return packed_product(rows, *form, post_op).view(*input.shape[:-1], -1)
 
 
 # The default mode's kernel: blocks of PACKED_BLOCK inputs summed in order (transformers' accuracy).
 BLOCKED = Kernel("packed", can_pack, _same_dtype, _build_blocked, _run_blocked)
 # The fast fp32 mode's kernel (`fused.py`): the whole inner dimension in one chain, fp32 only.
-WHOLE = Kernel("fused", _fp32_packable, _fp32, _build_whole, _run_whole, _run_whole_gelu)
+WHOLE = Kernel("fused", _fp32_packable, _fp32, _build_whole, _run_whole, functools.partial(_run_whole, post_op="gelu"))
 
 
 class PackedLinear(InferenceLinear):

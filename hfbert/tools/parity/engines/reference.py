@@ -125,8 +125,7 @@ def exact_rotary(model: Any) -> Any:
                 continue
             base = config.rope_parameters[kind]["rope_theta"]
             buffer = getattr(rotary, f"{kind}_inv_freq")
-            exact = 1.0 / (base ** (torch.arange(0, size, 2, dtype=torch.float64) / size))
-            setattr(rotary, f"{kind}_inv_freq", exact.to(buffer.device))
+            setattr(rotary, f"{kind}_inv_freq", inverse_frequencies(base, size, torch.float64).to(buffer.device))
         rotary.forward = types.MethodType(_rotary_in_float64, rotary)
 
     module = sys.modules[type(rotaries[0]).__module__]
@@ -149,6 +148,11 @@ def exact_rotary(model: Any) -> Any:
         encoder.register_forward_pre_hook(install)
         encoder.register_forward_hook(restore, always_call=True)
     return model
+
+
+def inverse_frequencies(base: float, size: int, dtype: torch.dtype) -> Tensor:
+    """Default rotary inverse frequencies for heads of `size`, as transformers computes them, in `dtype`."""
+    return 1.0 / (base ** (torch.arange(0, size, 2, dtype=dtype) / size))
 
 
 def _rotary_in_float64(self: Any, x: Tensor, position_ids: Tensor, layer_type: str) -> tuple[Tensor, Tensor]:
@@ -300,8 +304,7 @@ def _changed(model: Any, local_attention: int | None = None, thetas: dict[str, f
             config.local_attention = local_attention
         for kind, theta in (thetas or {}).items():
             buffer = getattr(rotary, f"{kind}_inv_freq")
-            size = 2 * buffer.numel()
-            buffer.copy_(1.0 / (theta ** (torch.arange(0, size, 2, dtype=buffer.dtype) / size)))
+            buffer.copy_(inverse_frequencies(theta, 2 * buffer.numel(), buffer.dtype))
         yield
     finally:
         config.local_attention = saved_width
