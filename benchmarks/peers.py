@@ -191,6 +191,8 @@ from benchmarks.benchmark import (  # the shared inputs and timing
     useful_flops,
 )
 from benchmarks.busy import BusyMeter
+from benchmarks.onednn_verbose import describe as describe_kernels
+from benchmarks.onednn_verbose import onednn_kernels
 from benchmarks.report import ENGINES, HFBERT_ENGINES, HFBERT_PLAIN, ORT_UNFUSED, PEERS
 from hfbert.inference import packed_layers
 from hfbert.inference.bf16 import bf16_available
@@ -346,11 +348,26 @@ def hfbert_engine(
     layers = "; ".join(swapped.values()) if swapped else "no layer swapped (the plain computation measured fastest)"
     notes = [f"{weights}optimize_for_inference({option}) took {seconds:.1f} s: {layers}", f"MKL: {mkl_branch()}"]
     facts = {"optimize_seconds": seconds, "swapped": dict(Counter(packed_layers(model).values()))}
+    if not compile:  # a compiled call's first run compiles: its kernels are read by no verbose run here
+        ran = {f"{batch}x{sequence}": kernels_at(model, batch, sequence) for batch, sequence in KERNEL_SHAPES}
+        facts["onednn_kernels"] = ran
+        notes.append("oneDNN products: " + "; ".join(f"{shape} {describe_kernels(k)}" for shape, k in ran.items()))
     engine = torch_engine(model, notes, facts)
     if compile:
         engine.prepare = lambda inputs: compile_shape(model, inputs, facts)
         engine.describe = lambda: [compiled_note(facts)]
     return engine
+
+
+# The shapes at which an hfbert engine's oneDNN kernels are named (issue 53: whether AMX ran): rows 4 and 1's.
+KERNEL_SHAPES = ((1, 16), (8, 128))
+
+
+def kernels_at(model: torch.nn.Module, batch: int, sequence: int) -> dict[str, int]:
+    """The oneDNN products one forward of `model` runs on a (batch, sequence) batch of random tokens."""
+    ids = torch.randint(1000, 2000, (batch, sequence))
+    with torch.inference_mode():
+        return onednn_kernels(lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids)))
 
 
 def hfbert_plain_engine(checkpoint: Path) -> Engine:

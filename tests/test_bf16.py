@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import hfbert
 from hfbert.inference import inference_mode_of, packed_layers
-from hfbert.inference.bf16 import BF16, bf16_linear
+from hfbert.inference.bf16 import BF16, TILE_COUNTS, bf16_linear
 from hfbert.platform.cpu import CAPS, cpu_flags
 
 from support.helpers import minilm_directory, parity_texts
@@ -39,14 +39,15 @@ def rounded(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @bf16
-@pytest.mark.parametrize("rows", [1, 7, 300])
-def test_the_kernel_is_the_product_of_bf16_rounded_inputs_rounded_once(rows):
+@pytest.mark.parametrize(("rows", "tiles"), [(1, 0), (7, 0), (300, 0), (700, 0), (700, 1)])
+def test_the_kernel_is_the_product_of_bf16_rounded_inputs_rounded_once(rows, tiles):
     """rows x weight + bias: inputs and weight rounded to bf16, summed exactly enough (fp32 accumulation), the bias
     added before the one rounding of the output to bf16: within one bf16 step of the exact value (plus the fp32
-    sums' few ulps), and not the fp32 product."""
+    sums' few ulps), and not the fp32 product. Whole, and in tiles of rows (the form's measured choice, forced)."""
     torch.manual_seed(rows)
     weight, bias, inputs = torch.randn(384, 1536) * 0.05, torch.randn(384), torch.randn(rows, 1536)
-    output = bf16_linear(inputs, BF16.build(weight, bias))
+    form = BF16.build(weight, bias)._replace(tiles=(tiles,) * len(TILE_COUNTS))
+    output = bf16_linear(inputs, form)
     assert output.dtype == torch.float32 and output.shape == (rows, 384)
     exact = rounded(inputs) @ rounded(weight).T + bias.double()
     step = exact.abs() * 2.0**-8 + 1e-5 * exact.abs().max()

@@ -42,6 +42,15 @@ def test_buckets_split_row_counts_on_a_log_scale():
     ]
 
 
+def test_a_kernel_can_ask_for_its_own_row_counts():
+    """The bf16 kernel's tiling is measured at TILE_COUNTS: each count gets its own choice and bucket."""
+    counts = (512, 1024, 2048)
+    plain = sleeping({512: 0.002, 1024: 0.002, 2048: 0.002})
+    tiled = sleeping({512: 0.004, 1024: 0.0005, 2048: 0.004})
+    assert measured.measured_choice(("test", "counts"), [plain, tiled], counts) == (0, 1, 0)
+    assert [measured.bucket(rows, counts) for rows in (1, 724, 725, 1448, 1449, 10**6)] == [0, 0, 1, 1, 2, 2]
+
+
 def test_the_plain_computation_is_kept_unless_another_is_clearly_faster():
     plain = sleeping({16: 0.002, 128: 0.002, 1024: 0.002})
     faster_at_few_rows = sleeping({16: 0.0005, 128: 0.004, 1024: 0.004})

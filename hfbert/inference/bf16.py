@@ -32,12 +32,29 @@ tracing run the fp32 computation.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from hfbert.inference.packed import can_pack, pack_whole, packed_product, packing_supported
+from hfbert.inference.measured import Candidate, bucket, measured_choice
+from hfbert.inference.packed import TILE_ROWS, can_pack, pack_whole, packed_product, packing_supported
 from hfbert.inference.swapped import InferenceLinear, Kernel
+
+# Row counts at which a product runs whole or in tiles of TILE_ROWS rows, whichever was measured faster for its
+# shape: oneDNN's bf16 product picks its blocking by the row count, and on some CPUs and shapes a range of counts
+# runs far slower per row than the counts around it (docs/cpu-inference.md measures one). Rows within a tile always
+# run whole.
+TILE_COUNTS = (512, 1024, 2048, 4096)
+
+
+class BF16Form(NamedTuple):
+    """A layer's form for the bf16 kernel: its packed bf16 weight, its fp32 bias, and per TILE_COUNTS whether the
+    product runs in tiles (1) or whole (0)."""
+
+    packed: Tensor
+    bias: Tensor | None
+    tiles: tuple[int, ...]
 
 
 def bf16_available() -> bool:
@@ -54,23 +71,58 @@ def _accepts(input: Tensor, weight: Tensor) -> bool:
     return input.dtype == torch.float32
 
 
-def _build(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+def _build(weight: Tensor, bias: Tensor | None) -> BF16Form:
     # The bias stays fp32: oneDNN adds it to the fp32 sums, before the output is rounded.
-    return pack_whole(weight.detach().to(torch.bfloat16)), None if bias is None else bias.detach().float()
+    tiles = measured_choice(("bf16 tiles", *weight.shape), _tile_candidates(*weight.shape), TILE_COUNTS)
+    return BF16Form(
+        pack_whole(weight.detach().to(torch.bfloat16)), None if bias is None else bias.detach().float(), tiles
+    )
 
 
-def bf16_linear(input: Tensor, form: tuple[Tensor, Tensor | None], post_op: str = "none") -> Tensor:
+def _tile_candidates(out_features: int, in_features: int) -> list[Candidate]:
+    def make(tiled: bool) -> Candidate:
+        def call(rows: int):
+            weight = pack_whole(torch.randn(out_features, in_features).to(torch.bfloat16))
+            form = BF16Form(weight, torch.zeros(out_features), (int(tiled),) * len(TILE_COUNTS))
+            input = torch.randn(rows, in_features).to(torch.bfloat16)
+            return lambda: _product(input, form, "none")
+
+        return call
+
+    return [make(False), make(True)]
+
+
+def _product(rows: Tensor, form: BF16Form, post_op: str) -> Tensor:
+    """(rows, in) bf16 x the packed weight + bias, written in bf16, whole or in tiles as measured for its rows."""
+    if len(rows) > TILE_ROWS and form.tiles[bucket(len(rows), TILE_COUNTS)]:
+        return torch.cat(
+            [
+                packed_product(rows[start : start + TILE_ROWS], form.packed, form.bias, post_op)
+                for start in range(0, len(rows), TILE_ROWS)
+            ]
+        )
+    return packed_product(rows, form.packed, form.bias, post_op)
+
+
+def bf16_native(input: Tensor, form: BF16Form, post_op: str = "none") -> Tensor:
+    """`bf16_linear`'s product as oneDNN writes it, in bf16: for attention, which computes on bf16 as it is."""
+    rows = input.reshape(-1, input.shape[-1]).to(torch.bfloat16)
+    return _product(rows, form, post_op).view(*input.shape[:-1], -1)
+
+
+def bf16_linear(input: Tensor, form: BF16Form, post_op: str = "none") -> Tensor:
     """`F.linear(input, weight, bias)` with `input` and the weight rounded to bf16, summed in fp32, the output
     rounded to bf16 and returned as fp32 (..., out_features); `form` is `BF16.build(weight, bias)`. `post_op="gelu"`:
     GELU (erf) applied to the fp32 sums, before the one rounding."""
-    rows = input.reshape(-1, input.shape[-1]).to(torch.bfloat16)
-    return packed_product(rows, *form, post_op).float().view(*input.shape[:-1], -1)
+    return bf16_native(input, form, post_op).float()
 
 
 # The bf16 mode's kernel: every large linear layer's, attention's query, key and value in one product, and the
 # feed-forward product with GELU as its post-op (`fused.FusedIntermediate`): GELU on the fp32 sums, so that its
 # output is rounded once (it is the next product's bf16 input), not twice (the product's output, then GELU's).
-BF16 = Kernel("bf16", _supports, _accepts, _build, bf16_linear, functools.partial(bf16_linear, post_op="gelu"))
+BF16 = Kernel(
+    "bf16", _supports, _accepts, _build, bf16_linear, functools.partial(bf16_linear, post_op="gelu"), bf16_native
+)
 
 
 class BF16Linear(InferenceLinear):

@@ -104,13 +104,16 @@ class FusedAttention(FusedBlock):
     def forward(self, hidden_states: Tensor, batch: Any) -> tuple[Tensor, Tensor | None]:
         if not self.kernel_way(hidden_states):
             return super().forward(hidden_states, batch)
-        query, key, value = self.project(hidden_states).split(
-            [layer.out_features for layer in self.inner_modules()], -1
-        )
+        # A kernel of lower precision (bf16) hands attention its products as they are, where the batch's attention
+        # returns no probabilities (sdpa): that attention then runs in bf16 (fp32 sums and softmax), and its
+        # context comes back in the block's dtype.
+        native = self.kernel.run_native is not None and batch.implementation == "sdpa"
+        projected = self.kernel.run_native(hidden_states, self._form) if native else self.project(hidden_states)
+        query, key, value = projected.split([layer.out_features for layer in self.inner_modules()], -1)
         context, probabilities = batch.attend(
             query, key, value, num_heads=self.num_heads, scale=self.scale, dropout=0.0
         )
-        return self.project_back(context), probabilities
+        return self.project_back(context.to(hidden_states.dtype)), probabilities
 
     @staticmethod
     def candidates(hidden: int, projected: int) -> list[Candidate]:

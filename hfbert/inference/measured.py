@@ -41,23 +41,33 @@ WIN_SHARE = 2 / 3
 MIN_SAMPLE = 1e-3
 _clock = time.perf_counter
 
-# Bucket boundaries: the geometric means of neighbouring buckets.
-_BOUNDS = tuple(math.sqrt(low * high) for low, high in zip(ROW_BUCKETS, ROW_BUCKETS[1:], strict=False))
 _measured: dict[Hashable, tuple[int, ...]] = {}
 
 Candidate = Callable[[int], Callable[[], object]]  # rows -> a call computing the block on `rows` rows
 
 
-def bucket(rows: int) -> int:
-    """The index in ROW_BUCKETS of the row count nearest to `rows` (on a log scale)."""
+def bucket(rows: int, row_counts: tuple[int, ...] = ROW_BUCKETS) -> int:
+    """The index in `row_counts` of the row count nearest to `rows` (on a log scale)."""
     # Not bisect: torch.compile traces this (the compiled path) and cannot see into C functions.
-    return sum(rows > bound for bound in _BOUNDS)
+    bounds = _BOUNDS if row_counts is ROW_BUCKETS else _bounds(row_counts)
+    return sum(rows > bound for bound in bounds)
 
 
-def measured_choice(key: Hashable, candidates: Sequence[Candidate]) -> tuple[int, ...]:
-    """For each row count of ROW_BUCKETS, the index of the candidate that runs fastest here; measured at the first
-    call for `key` (which names the block and its shape) in this process and thread count, then remembered.
-    Candidate 0 is the plain computation, kept unless another takes at most WIN_MARGIN of its time."""
+def _bounds(row_counts: Sequence[int]) -> tuple[float, ...]:
+    """Bucket boundaries: the geometric means of neighbouring row counts."""
+    return tuple(math.sqrt(low * high) for low, high in zip(row_counts, row_counts[1:], strict=False))
+
+
+_BOUNDS = _bounds(ROW_BUCKETS)
+
+
+def measured_choice(
+    key: Hashable, candidates: Sequence[Candidate], row_counts: tuple[int, ...] = ROW_BUCKETS
+) -> tuple[int, ...]:
+    """For each of `row_counts` (ROW_BUCKETS unless a kernel asks for others), the index of the candidate that runs
+    fastest here; measured at the first call for `key` (which names the block and its shape) in this process and
+    thread count, then remembered. Candidate 0 is the plain computation, kept unless another takes at most
+    WIN_MARGIN of its time."""
     environment = (
         torch.get_num_threads(),
         torch.backends.cpu.get_cpu_capability(),
@@ -67,9 +77,13 @@ def measured_choice(key: Hashable, candidates: Sequence[Candidate]) -> tuple[int
     if full_key not in _measured:
         _measured[full_key] = tuple(
             _fastest([candidate(rows) for candidate in candidates], rounds)
-            for rows, rounds in zip(ROW_BUCKETS, ROUNDS, strict=True)
+            for rows, rounds in zip(row_counts, map(_rounds, row_counts), strict=True)
         )
     return _measured[full_key]
+
+
+def _rounds(rows: int) -> int:
+    return ROUNDS[bucket(rows)]
 
 
 def _fastest(calls: list[Callable[[], object]], rounds: int) -> int:

@@ -90,6 +90,9 @@ class Kernel:
     run: Callable[[Tensor, Any], Tensor]  # (rows, form) -> rows @ weight.T + bias
     # (rows, form) -> GELU (erf) of that, as the product's post-op; None where the kernel has none
     run_gelu: Callable[[Tensor, Any], Tensor] | None = None
+    # (rows, form) -> the product in the kernel's own lower precision (bf16), which attention computes on as it is;
+    # None where the kernel has none
+    run_native: Callable[[Tensor, Any], Tensor] | None = None
 
 
 def swap_state(module: nn.Module) -> dict[str, Any]:
