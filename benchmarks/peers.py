@@ -97,7 +97,8 @@ benchmark.py builds them), the same inputs and the same thread count (`--threads
                 with freezing, inputs padded to a few static shapes (hfbert/inference/compiled.py); in fp32,
                 `optimize_for_inference(model, precision="high", compile=True)`: the fast mode's products traced,
                 inductor's C++ GEMM template where it runs `F.linear` (max-autotune), each shape's graph timed against
-                the eager fast mode when compiled and the faster run (the note names the shapes where eager won).
+                the eager fast mode when compiled and the faster run (the note names the shapes where eager won);
+                in bf16, `optimize_for_inference(model, precision="bf16", compile=True)`, timed likewise.
                 Each batch's shape is compiled once before the clock starts (as a warm-up compiles it); the shapes,
                 their compile times and which batches ran eager instead (mostly padding) are recorded.
   hfbert bf16 mode  `optimize_for_inference(model, precision="bf16")` (hfbert/inference/bf16.py): fp32 parameters
@@ -588,6 +589,9 @@ def build_engines(
     if precision == "bf16":
         engines[report.HFBERT_BF16_MODE] = attempt(
             skipped, report.HFBERT_BF16_MODE, lambda: hfbert_engine(checkpoint, precision="bf16")
+        )
+        engines["hfbert compiled"] = attempt(
+            skipped, "hfbert compiled bf16", lambda: hfbert_engine(checkpoint, precision="bf16", compile=True)
         )
         engines["hfbert bf16"] = attempt(skipped, "hfbert bf16", lambda: bfloat16_engine(checkpoint))
     if precision == "int8":

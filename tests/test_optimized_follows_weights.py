@@ -151,12 +151,13 @@ def test_load_state_dict_is_followed(mode):
 
 
 @pytest.mark.slow  # two compilations of a small model
-@int8
+@modes("int8", "bf16")
 @compiler
-def test_the_compiled_path_follows_data_writes():
-    """The compiled int8 path folds the weights into its graph: a `.data` write compiles it anew."""
-    model, reference, bound = optimized_pair("int8")
-    hfbert.optimize_for_inference(model, quantize="int8", compile=True)
+def test_the_compiled_path_follows_data_writes(mode):
+    """The compiled int8 and bf16 paths fold the weights into their graph: a `.data` write compiles it anew (the
+    first call of a new graph returns its output, measured against eager or not)."""
+    model, reference, bound = optimized_pair(mode)
+    hfbert.optimize_for_inference(model, **MODES[mode][0], compile=True)
     before = outputs(model)
     assert hfbert.inference.compiled.compile_report(model)
     for network in (model, reference):

@@ -13,14 +13,24 @@ bf16 and torch's CPU autocast do it):
   has them, AVX512-BF16 otherwise);
 - each product's input rounded to bf16 as it runs, summed in fp32 by oneDNN, its bias added in fp32; the product's
   output rounded to bf16 (oneDNN's bf16 product writes bf16) and read back as fp32;
-- the residual stream, LayerNorm, softmax, GELU and attention's own products in fp32. Attention's query, key and
-  value are one product (`fused.FusedSelfAttention` with this file's kernel, `BF16`), as in the int8 mode.
+- the residual stream, LayerNorm and GELU in fp32. Attention's query, key and value are one product
+  (`fused.FusedSelfAttention` with this file's kernel, `BF16`), as in the int8 mode, and attention computes on that
+  product's bf16 output as it is (`Kernel.run_native`; torch's flash kernel: bf16 products summed in fp32, the
+  softmax in fp32, its probabilities rounded to bf16 for the product with the values), several times faster than
+  fp32 attention at no cost to the contract; where attention must return its probabilities (the eager kernel) it
+  runs in fp32;
+- each product runs whole, or in tiles of TILE_ROWS rows at the row counts where that was measured faster for its
+  shape (TILE_COUNTS).
 
 Its contract (`PRECISIONS` in optimize.py says why it is not a multiple of fp32's error): RMS error against
 float64 at most OpenVINO bf16's on the same inputs, and a min cosine to the fp32 model of at least 0.9999 on
 all-MiniLM-L6-v2 and all-mpnet-base-v2 (tests/test_bf16.py; `python -m benchmarks.peers` measures both beside
 OpenVINO). Each rounding to bf16 costs about 2**-9 of a value, relative, so the error is about 1e-3 of the hidden
 states' scale: several thousand times fp32's, and about 0.4x a wholly bf16 model's (docs/cpu-inference.md).
+
+`compile=True` runs this mode under torch.compile (`compiled.py`): the products are one op of this file
+(`hfbert::bf16_product`, the same kernel, see below), the fp32 ops between them fused by inductor; each shape's graph
+is timed against this eager forward when first compiled, and the faster runs.
 
 Where the CPU has no native bf16 (AVX2 CPUs, Zen 3, AVX-512 before Cooper Lake), oneDNN would emulate bf16, several
 times slower than fp32: the mode's kernel cannot run there and `optimize_for_inference` says so by name (a warning,
@@ -32,6 +42,7 @@ tracing run the fp32 computation.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -94,14 +105,29 @@ def _tile_candidates(out_features: int, in_features: int) -> list[Candidate]:
 
 def _product(rows: Tensor, form: BF16Form, post_op: str) -> Tensor:
     """(rows, in) bf16 x the packed weight + bias, written in bf16, whole or in tiles as measured for its rows."""
-    if len(rows) > TILE_ROWS and form.tiles[bucket(len(rows), TILE_COUNTS)]:
-        return torch.cat(
-            [
-                packed_product(rows[start : start + TILE_ROWS], form.packed, form.bias, post_op)
-                for start in range(0, len(rows), TILE_ROWS)
-            ]
-        )
-    return packed_product(rows, form.packed, form.bias, post_op)
+    if torch.compiler.is_compiling():
+        return torch.ops.hfbert.bf16_product(rows, form.packed, form.bias, post_op, list(form.tiles))
+    return _tiled(rows, form.packed, form.bias, post_op, form.tiles)
+
+
+def _tiled(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str, tiles: Sequence[int]) -> Tensor:
+    if len(rows) > TILE_ROWS and tiles[bucket(len(rows), TILE_COUNTS)]:
+        starts = range(0, len(rows), TILE_ROWS)
+        return torch.cat([packed_product(rows[at : at + TILE_ROWS], packed, bias, post_op) for at in starts])
+    return packed_product(rows, packed, bias, post_op)
+
+
+# The product as one op for the compiled path (`compiled.py`): inductor's own lowering of oneDNN's product promotes
+# a bf16 input and an fp32 bias to one dtype, which would round the bias to bf16 or run the product in fp32. As an
+# op of its own it runs as in eager, called from the compiled code.
+@torch.library.custom_op("hfbert::bf16_product", mutates_args=())
+def _traced_product(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str, tiles: list[int]) -> Tensor:
+    return _tiled(rows, packed, bias, post_op, tiles)
+
+
+@_traced_product.register_fake
+def _(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str, tiles: list[int]) -> Tensor:
+    return rows.new_empty(rows.shape[0], packed.shape[0])
 
 
 def bf16_native(input: Tensor, form: BF16Form, post_op: str = "none") -> Tensor:

@@ -21,8 +21,9 @@ The modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-con
   design (docs/cpu-inference.md measures it).
 
 `compile=True` adds to each mode its compiled path (`compiled.py`): the forward under torch.compile on a few padded
-shapes; int8's traces its kernels, the fp32 modes' trace theirs too, with max-autotune for the plain products,
-and run the compiled graph only on the shapes where it was measured faster than their eager forward.
+shapes; int8's traces its kernels, the fp32 modes' trace theirs too, with max-autotune for the plain products, and
+bf16's its products and attention; the fp32 and bf16 paths run the compiled graph only on the shapes where it was
+measured faster than their eager forward.
 
 Each mode is a row of MODES, its steps in order. The arguments are checked in one place, and everything a mode
 needs (a C++ compiler, a model it can compile) before anything changes: a refused call changes nothing, and a call
@@ -71,6 +72,7 @@ from torch import nn
 
 from hfbert.inference.bf16 import BF16, BF16Linear, bf16_available
 from hfbert.inference.compiled import (
+    COMPILED_BF16,
     COMPILED_FP32,
     COMPILED_INT8,
     check_compiler,
@@ -160,7 +162,8 @@ def optimize_for_inference(
     ops between them fused, the same arithmetic. In fp32 (either precision): the mode's kernels traced, inductor's
     C++ GEMM template timed against ATen where the mode runs `F.linear` (max-autotune), held to the precision's
     contract; with `kernels="measured"` each shape's
-    compiled graph is timed against the eager mode's forward when first compiled, and the faster runs.
+    compiled graph is timed against the eager mode's forward when first compiled, and the faster runs. In bf16:
+    its products and attention traced, the fp32 ops between them fused (its contract), each shape timed likewise.
 
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
     stays plain and the call warns; `inference_mode_of(model)` says what was applied. On an AMD CPU where hfbert
@@ -199,8 +202,7 @@ def _mode_key(quantize: str | None, precision: str, kernels: str, compile: bool)
         raise ValueError(f"compile must be True or False, not {compile!r}")
     key = (quantize, precision, bool(compile))
     if key not in MODES and precision == "bf16":
-        combined = f"quantize={quantize!r}" if quantize is not None else "compile=True"
-        raise ValueError(f"precision='bf16' runs eagerly in bf16: it cannot be combined with {combined}")
+        raise ValueError(f"precision='bf16' runs its products in bf16, not int8: quantize={quantize!r} is refused")
     if key not in MODES:
         raise ValueError(f"precision={precision!r} is an fp32 mode: it cannot be combined with quantize={quantize!r}")
     return key
@@ -319,6 +321,10 @@ def _compile_int8(model: nn.Module, kernels: str) -> None:
     compile_forward(model, COMPILED_INT8)
 
 
+def _compile_bf16(model: nn.Module, kernels: str) -> None:
+    compile_forward(model, COMPILED_BF16, measured=True)
+
+
 def _compile_fp32(model: nn.Module, kernels: str) -> None:
     # "measured": each shape's graph timed against the eager mode's forward, the faster kept (`compiled.py`).
     compile_forward(model, COMPILED_FP32, measured=kernels == "measured")
@@ -357,6 +363,13 @@ MODES: dict[tuple, Mode] = {
         (_swap_fused_blocks, _swap_packed_linears, _compile_fp32),
         packing_supported,
         "oneDNN on x86",
+        _fp32,
+    ),
+    (None, "bf16", True): Mode(
+        "bf16 compiled",
+        (_swap_bf16_attention, _swap_bf16_intermediates, _swap_bf16_linears, _compile_bf16),
+        bf16_available,
+        "a CPU that computes bf16 natively (AVX512-BF16 or AMX) and torch's oneDNN",
         _fp32,
     ),
     ("int8", "highest", True): Mode(
