@@ -20,6 +20,7 @@ one moves neither a median nor most rounds.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -53,7 +54,8 @@ def bucket(rows: int, row_counts: tuple[int, ...] = ROW_BUCKETS) -> int:
     return sum(rows > bound for bound in bounds)
 
 
-def _bounds(row_counts: Sequence[int]) -> tuple[float, ...]:
+@functools.cache  # a kernel's own row counts are a constant tuple: its bounds are computed once, not per product
+def _bounds(row_counts: tuple[int, ...]) -> tuple[float, ...]:
     """Bucket boundaries: the geometric means of neighbouring row counts."""
     return tuple(math.sqrt(low * high) for low, high in zip(row_counts, row_counts[1:], strict=False))
 
