@@ -102,12 +102,13 @@ class FusedAttention(FusedBlock):
         return context
 
     def forward(self, hidden_states: Tensor, batch: Any) -> tuple[Tensor, Tensor | None]:
-        if not self.kernel_way(hidden_states):
+        way = self.kernel_way(hidden_states)
+        if not way:
             return super().forward(hidden_states, batch)
-        # A kernel of lower precision (bf16) hands attention its products as they are, where the batch's attention
-        # returns no probabilities (sdpa): that attention then runs in bf16 (fp32 sums and softmax), and its
-        # context comes back in the block's dtype.
-        native = self.kernel.run_native is not None and batch.implementation == "sdpa"
+        # Way NATIVE_ATTENTION, measured for a kernel of lower precision (bf16): attention computes on its products
+        # as they are, where the batch's attention returns no probabilities (sdpa), in bf16 (torch's flash kernel:
+        # fp32 sums and softmax); its context comes back in the block's dtype. Way 1 hands attention fp32.
+        native = way == NATIVE_ATTENTION and self.kernel.run_native is not None and batch.implementation == "sdpa"
         projected = self.kernel.run_native(hidden_states, self._form) if native else self.project(hidden_states)
         query, key, value = projected.split([layer.out_features for layer in self.inner_modules()], -1)
         context, probabilities = batch.attend(
@@ -131,6 +132,32 @@ class FusedAttention(FusedBlock):
             return lambda: packed_product(input, packed, bias).split(projected, -1)
 
         return [plain, fused]
+
+    @staticmethod
+    def precision_candidates(heads: int, head_size: int, dtype: torch.dtype) -> list[Candidate]:
+        """Attention on a lower-precision product's output (`Kernel.run_native`) computed in fp32 (candidate 0: the
+        more accurate way stays unless the other is clearly faster) or in `dtype` as it is. Which is faster depends
+        on the CPU: torch's flash kernel runs bf16 on AMX's tiles, but on a CPU without AMX (Zen 4) its bf16 products
+        go through a slower path than its fp32 ones."""
+
+        def make(native: bool) -> Candidate:
+            def call(rows: int):
+                batch, length = max(1, rows // 128), min(rows, 128)
+                projected = torch.randn(batch, length, 3, heads, head_size).to(dtype)
+
+                def attend() -> Tensor:
+                    query, key, value = (projected if native else projected.float()).transpose(1, 3).unbind(2)
+                    return F.scaled_dot_product_attention(query, key, value).float()
+
+                return attend
+
+            return call
+
+        return [make(False), make(True)]
+
+
+# FusedAttention's way that hands attention the kernel's own lower-precision output (`precision_candidates`).
+NATIVE_ATTENTION = 2
 
 
 class FusedSelfAttention(FusedAttention, BertSelfAttention):

@@ -49,8 +49,9 @@ Candidate = Callable[[int], Callable[[], object]]  # rows -> a call computing th
 
 def bucket(rows: int, row_counts: tuple[int, ...] = ROW_BUCKETS) -> int:
     """The index in `row_counts` of the row count nearest to `rows` (on a log scale)."""
-    # Not bisect: torch.compile traces this (the compiled path) and cannot see into C functions.
-    bounds = _BOUNDS if row_counts is ROW_BUCKETS else _bounds(row_counts)
+    # Not bisect: torch.compile traces this (the compiled path) and cannot see into C functions. `==`, not `is`:
+    # traced, the default is a copy, and the cached `_bounds` would be traced through (dynamo warns).
+    bounds = _BOUNDS if row_counts == ROW_BUCKETS else _bounds(row_counts)
     return sum(rows > bound for bound in bounds)
 
 

@@ -82,6 +82,7 @@ from hfbert.inference.compiled import (
 )
 from hfbert.inference.fused import (
     FUSED_BLOCKS,
+    FusedAttention,
     FusedBlock,
     FusedIntermediate,
     attention_projection,
@@ -276,25 +277,35 @@ def _swap_fused_blocks(model: nn.Module, kernels: str) -> None:
     _swap(model, fused, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choices[name]))
 
 
-def _swap_attention(model: nn.Module, kernel: Kernel) -> None:
+def _swap_attention(model: nn.Module, kernel: Kernel, kernels: str) -> None:
     """Attention's query, key and value in one product of `kernel`, at every row count: the int8 and bf16 products
-    beat fp32's wherever they were measured (docs/cpu-inference.md)."""
+    beat fp32's wherever they were measured (docs/cpu-inference.md). A kernel with an output of its own precision
+    (bf16) hands it to attention as it is where that was measured faster than attention in fp32 (way 2, else 1)."""
     attention = [
         name
         for name in _fused_blocks(model, kernel)
         if (projection := attention_projection(model.get_submodule(name))) is not None
         and projection.weight.numel() >= MIN_INT8_WEIGHTS
     ]
-    choice = (1,) * len(ROW_BUCKETS)
-    _swap(model, attention, lambda name, block: FUSED_BLOCKS[type(block)].from_block(block, choice, kernel=kernel))
+
+    def make(name: str, block: nn.Module) -> FusedAttention:
+        choice = (1,) * len(ROW_BUCKETS)
+        if kernel.run_native is not None:
+            heads, hidden = block.num_heads, attention_projection(block).out_features
+            key = ("attention precision", kernel.name, heads, hidden // heads)
+            candidates = FusedAttention.precision_candidates(heads, hidden // heads, torch.bfloat16)
+            choice = tuple(1 + way for way in _choice(kernels, key, candidates))
+        return FUSED_BLOCKS[type(block)].from_block(block, choice, kernel=kernel)
+
+    _swap(model, attention, make)
 
 
 def _swap_int8_attention(model: nn.Module, kernels: str) -> None:
-    _swap_attention(model, INT8)
+    _swap_attention(model, INT8, kernels)
 
 
 def _swap_bf16_attention(model: nn.Module, kernels: str) -> None:
-    _swap_attention(model, BF16)
+    _swap_attention(model, BF16, kernels)
 
 
 def _swap_bf16_intermediates(model: nn.Module, kernels: str) -> None:
