@@ -15,22 +15,37 @@ can. The products' rate (their useful GFLOP/s: two per weight of the encoder's l
 beside torch.mm's best rate on 2048 x 2048 float32 matrices here, the CPU's practical fp32 peak. Prints the CPU, the
 instruction set and the branch MKL's sgemm runs (`hfbert.platform.mkl`: on AMD CPUs without AVX-512,
 `MKL_CBWR=AUTO`, set at `import hfbert`; `HFBERT_MKL_BRANCH=off python -m benchmarks.forward_profile` profiles MKL's
-default branch)."""
+default branch).
+
+The attention column is torch's fused attention kernel alone (`aten::_scaled_dot_product_flash_attention_for_cpu`).
+The last rows are OpenVINO at its default precision (bf16 on CPUs with native bf16), where it is installed (the
+deploy extra), on transformers' BertModel of the same shape exported to ONNX (benchmarks/artifacts.py, as
+benchmarks/peers.py runs it): its forward timed with profiling off, then its own profiler (PERF_COUNT) for its
+products (its FullyConnected nodes) and its attention (its fused Subgraph nodes, one per layer), so that each part
+of hfbert's forward can be put beside the engine's."""
 
 from __future__ import annotations
 
+import statistics
+import tempfile
 import time
+from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import hfbert
-from benchmarks.peers import gemm_rate, read_bandwidth
+from benchmarks.artifacts import export_onnx
+from benchmarks.benchmark import make_checkpoint
+from benchmarks.peers import encoder_weight_bytes, gemm_rate, read_bandwidth
 from hfbert.inference.bf16 import bf16_available
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
 
 PRODUCTS = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise")
+ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
+OPENVINO_PRODUCTS, OPENVINO_ATTENTION = "FullyConnected", "Subgraph"
 # Bytes per weight each mode's products read.
 WEIGHT_BYTES = {"plain": 4, "fast": 4, "int8": 1, "int8 compiled": 1, "fast compiled": 4, "bf16": 2, "bf16 compiled": 2}
 MODES = {
@@ -54,11 +69,14 @@ def main() -> int:
     peak = gemm_rate()["gflops"]
     bandwidth = read_bandwidth()
     print(f"torch.mm 2048^3 float32: {peak:.0f} GFLOP/s. Read bandwidth: {bandwidth / 1e9:.1f} GB/s.\n")
-    print("| mode | tokens | ms per forward | products | share | products' GFLOP/s | x floor: forward, products |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| mode | tokens | ms per forward | products | share | products' GFLOP/s | x floor: forward, products "
+        "| attention |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for mode, options in MODES.items():
         if mode.startswith("bf16") and not bf16_available():
-            print(f"| {mode} | skipped: this CPU does not compute bf16 natively | | | | | |")
+            print(f"| {mode} | skipped: this CPU does not compute bf16 natively | | | | | | |")
             continue
         model = hfbert.BertModel(hfbert.BertConfig()).eval()
         weights = sum(m.weight.numel() for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
@@ -79,15 +97,81 @@ def main() -> int:
             events = profiled.key_averages()
             total = sum(event.self_cpu_time_total for event in events)
             products = sum(event.self_cpu_time_total for event in events if event.key in PRODUCTS)
-            seconds = products / forwards / 1e6
-            rate = 2 * weights * batch * tokens / seconds / 1e9
-            floor = weights * WEIGHT_BYTES[mode] / bandwidth
-            floors = f"{per_forward / floor:.1f}x, {seconds / floor:.1f}x" if batch == 1 else ""
-            print(
-                f"| {mode} | {batch} x {tokens} | {per_forward * 1e3:.1f} | {seconds * 1e3:.1f} ms "
-                f"| {products / total:.0%} | {rate:.0f} ({rate / peak:.0%} of torch.mm's) | {floors} |"
-            )
+            attention = sum(event.self_cpu_time_total for event in events if event.key in ATTENTION)
+            row = (mode, batch, tokens, per_forward, products / forwards / 1e6, products / total)
+            print(line(*row, attention / forwards / 1e6, weights * WEIGHT_BYTES[mode] / bandwidth, peak, weights))
+    openvino_rows(bandwidth, peak)
     return 0
+
+
+def line(
+    mode: str,
+    batch: int,
+    tokens: int,
+    per_forward: float,
+    products: float,
+    share: float,
+    attention: float,
+    floor: float,
+    peak: float,
+    weights: int,
+) -> str:
+    """One table row; times in seconds per forward, `floor` the weight-streaming time."""
+    rate = 2 * weights * batch * tokens / products / 1e9
+    floors = f"{per_forward / floor:.1f}x, {products / floor:.1f}x" if batch == 1 else ""
+    return (
+        f"| {mode} | {batch} x {tokens} | {per_forward * 1e3:.1f} | {products * 1e3:.1f} ms | {share:.0%} "
+        f"| {rate:.0f} ({rate / peak:.0%} of torch.mm's) | {floors} | {attention * 1e3:.2f} ms |"
+    )
+
+
+def openvino_rows(bandwidth: float, peak: float) -> None:
+    """OpenVINO at its default precision on the same shapes (module docstring)."""
+    try:
+        import openvino
+    except ImportError:
+        print("| OpenVINO | skipped: openvino is not installed (`pip install -e .[deploy]`) | | | | | | |")
+        return
+    threads = torch.get_num_threads()
+    settings = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    weights = encoder_weight_bytes(hfbert.BertConfig(), 1)
+    with tempfile.TemporaryDirectory() as directory:
+        onnx = export_onnx(make_checkpoint(Path(directory) / "bert-base-random"), Path(directory) / "bert.onnx")
+        core = openvino.Core()
+        model = core.read_model(str(onnx))
+    for batch, tokens, forwards in SHAPES:
+        ids = torch.randint(1000, 20000, (batch, tokens))
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        feed = {name: inputs[name].numpy() for name in (port.get_any_name() for port in model.inputs)}
+        times, parts = [], Counter()
+        # One compiled model at a time, each shape its own: with two held at once, or shapes run one after another,
+        # its profiler counted a fraction of the pass.
+        for profiling in (False, True):
+            compiled = core.compile_model(model, "CPU", {**settings, "PERF_COUNT": profiling})
+            precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+            request = compiled.create_infer_request()
+            for _ in range(3):
+                request.infer(feed)
+            for _ in range(forwards):
+                started = time.perf_counter()
+                request.infer(feed)
+                if not profiling:
+                    times.append(time.perf_counter() - started)
+                else:
+                    for node in request.profiling_info:
+                        parts[node.node_type] += node.real_time.total_seconds() / forwards
+            del request, compiled
+        products, per_forward = parts[OPENVINO_PRODUCTS], statistics.median(times)
+        floor = weights * (2 if precision == "bf16" else 4) / bandwidth
+        row = (
+            f"OpenVINO ({precision}, its default)",
+            batch,
+            tokens,
+            per_forward,
+            products,
+            products / sum(parts.values()),
+        )
+        print(line(*row, parts[OPENVINO_ATTENTION], floor, peak, weights))
 
 
 if __name__ == "__main__":
