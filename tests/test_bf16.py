@@ -197,7 +197,6 @@ REFUSED_SCRIPT = """
 import warnings, torch, hfbert
 from hfbert.inference import inference_mode_of, packed_layers
 from hfbert.inference.compiled import compile_report
-from hfbert.inference.fused import NATIVE_ATTENTION, FusedAttention
 torch.manual_seed(0)
 model = hfbert.BertModel(hfbert.BertConfig(num_hidden_layers=1)).eval()
 ids = torch.tensor([[101, 2000, 2001, 102]])
