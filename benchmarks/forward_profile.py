@@ -74,12 +74,12 @@ def main() -> int:
         "| attention |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    weights = encoder_weight_bytes(hfbert.BertConfig(), 1)  # the encoder's linear weights, what batch 1 streams
     for mode, options in MODES.items():
         if mode.startswith("bf16") and not bf16_available():
             print(f"| {mode} | skipped: this CPU does not compute bf16 natively | | | | | | |")
             continue
         model = hfbert.BertModel(hfbert.BertConfig()).eval()
-        weights = sum(m.weight.numel() for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
         if options:
             hfbert.optimize_for_inference(model, **options)
         for batch, tokens, forwards in SHAPES:
@@ -98,9 +98,10 @@ def main() -> int:
             total = sum(event.self_cpu_time_total for event in events)
             products = sum(event.self_cpu_time_total for event in events if event.key in PRODUCTS)
             attention = sum(event.self_cpu_time_total for event in events if event.key in ATTENTION)
-            row = (mode, batch, tokens, per_forward, products / forwards / 1e6, products / total)
-            print(line(*row, attention / forwards / 1e6, weights * WEIGHT_BYTES[mode] / bandwidth, peak, weights))
-    openvino_rows(bandwidth, peak)
+            share, floor = products / total, weights * WEIGHT_BYTES[mode] / bandwidth
+            products, attention = products / forwards / 1e6, attention / forwards / 1e6
+            print(line(mode, batch, tokens, per_forward, products, share, attention, floor, peak, weights))
+    openvino_rows(bandwidth, peak, weights)
     return 0
 
 
@@ -125,7 +126,7 @@ def line(
     )
 
 
-def openvino_rows(bandwidth: float, peak: float) -> None:
+def openvino_rows(bandwidth: float, peak: float, weights: int) -> None:
     """OpenVINO at its default precision on the same shapes (module docstring)."""
     try:
         import openvino
@@ -134,7 +135,6 @@ def openvino_rows(bandwidth: float, peak: float) -> None:
         return
     threads = torch.get_num_threads()
     settings = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-    weights = encoder_weight_bytes(hfbert.BertConfig(), 1)
     with tempfile.TemporaryDirectory() as directory:
         onnx = export_onnx(make_checkpoint(Path(directory) / "bert-base-random"), Path(directory) / "bert.onnx")
         core = openvino.Core()
@@ -162,16 +162,9 @@ def openvino_rows(bandwidth: float, peak: float) -> None:
                         parts[node.node_type] += node.real_time.total_seconds() / forwards
             del request, compiled
         products, per_forward = parts[OPENVINO_PRODUCTS], statistics.median(times)
-        floor = weights * (2 if precision == "bf16" else 4) / bandwidth
-        row = (
-            f"OpenVINO ({precision}, its default)",
-            batch,
-            tokens,
-            per_forward,
-            products,
-            products / sum(parts.values()),
-        )
-        print(line(*row, parts[OPENVINO_ATTENTION], floor, peak, weights))
+        mode, floor = f"OpenVINO ({precision}, its default)", weights * (2 if precision == "bf16" else 4) / bandwidth
+        share, attention = products / sum(parts.values()), parts[OPENVINO_ATTENTION]
+        print(line(mode, batch, tokens, per_forward, products, share, attention, floor, peak, weights))
 
 
 if __name__ == "__main__":
