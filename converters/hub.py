@@ -109,6 +109,7 @@ def resolve_checkpoint(
     files for the source. `cache_dir` and `token` apply to Hub repo ids, as in huggingface_hub; `subfolder` is the
     checkpoint's folder inside the directory or repo, as in transformers' `from_pretrained`. Nothing there (no such
     directory, a file, an unknown repo id or revision) raises `CheckpointNotFoundError`, an `OSError` too."""
+    checked_source(path_or_repo_id)
     subfolder = checked_subfolder(subfolder)
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir():
@@ -138,6 +139,19 @@ def resolve_checkpoint(
         subfolder=subfolder,
     )
     return snapshot.directory / subfolder if subfolder else snapshot.directory
+
+
+def checked_source(path_or_repo_id: object, argument: str = "pretrained_model_name_or_path") -> None:
+    """TypeError for a source that is neither a string nor a path (None, a number, a model object), ValueError for an
+    empty one, each naming `argument`: the first thing `from_pretrained` checks, so that the error is this one and
+    not a TypeError from deep inside path handling."""
+    if not isinstance(path_or_repo_id, (str, os.PathLike)):
+        raise TypeError(
+            f"{argument}: expected a local directory or a Hub repo id (a str or os.PathLike), "
+            f"got {type(path_or_repo_id).__name__} {path_or_repo_id!r}"[:300]
+        )
+    if not os.fspath(path_or_repo_id).strip():
+        raise ValueError(f"{argument}: empty; expected a local directory or a Hub repo id")
 
 
 def checked_subfolder(subfolder: str | os.PathLike | None) -> str:

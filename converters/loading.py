@@ -303,9 +303,21 @@ def _accept(
 
 
 def _warn_about(report: LoadReport, model_class: type, directory: Path, checkpoint: CheckpointTensors) -> None:
-    """What transformers warns about when a load succeeds, on hfbert's logger: ties the checkpoint breaks, and
-    parameters initialised afresh because their shape differs from the checkpoint's."""
+    """What transformers warns about when a load succeeds, on hfbert's logger: ties the checkpoint breaks, parameters
+    initialised afresh because the checkpoint lacks them (a new task head, or any with strict=False), and those
+    initialised afresh because their shape differs from the checkpoint's."""
     files = ", ".join(str(file) for file in checkpoint.files)
+    initialised = sorted(report.new_head + report.missing)
+    if initialised:
+        # transformers' words, so that users (and the search engines they paste it into) recognise it.
+        log.warning(
+            "Some weights of %s were not initialized from the model checkpoint at %s and are newly initialized: "
+            "%s\nYou should probably TRAIN this model on a down-stream task to be able to use it for predictions "
+            "and inference.",
+            model_class.__name__,
+            directory,
+            initialised,
+        )
     for target, source in report.untied.items():
         log.warning(
             "%s: config.json ties '%s' to '%s' (tie_word_embeddings), but the checkpoint stores both, with different "

