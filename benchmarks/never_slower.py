@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -88,7 +89,9 @@ def main() -> int:
     command = [sys.executable, "-m", "benchmarks.never_slower", "--one", "--threads", str(args.threads)]
     runs, slower = [], 0
     for index in range(args.runs):
-        run = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        # Each run measures its kernels afresh: a choice cached by an earlier run would make the runs one sample.
+        environment = {**os.environ, "HFBERT_KERNEL_CACHE": "off"}
+        run = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=environment).stdout)
         runs.append(run)
         busy = run["others_cores"]
         print(f"\nRun {index + 1}: swapped {run['swapped']}; other processes kept {busy:.2f} cores busy.")

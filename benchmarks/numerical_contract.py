@@ -191,7 +191,7 @@ def measure(arguments: argparse.Namespace) -> dict:
 
 def run_isa(isa: str, arguments: argparse.Namespace, work: str) -> dict:
     """One worker process with the instruction set capped (or not, for "native")."""
-    environment = {key: value for key, value in os.environ.items() if key not in ISA_CAPS["AVX2"]}
+    environment = {key: value for key, value in os.environ.items() if key not in CAPS}  # every spelling of each cap
     environment.update(ISA_CAPS.get(isa, {}))
     command = [sys.executable, "-m", "benchmarks.numerical_contract", "--worker", "--work", work]
     command += ["--texts", str(arguments.texts)]

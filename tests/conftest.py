@@ -7,6 +7,7 @@ The helpers the tests import (checkpoint builders, the fake Hub, configs, inputs
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,19 @@ from support.helpers import (
     write_sentence_backbone,
 )
 from support.robust import write_tiny_mlm
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hfbert_cache_in_a_temporary_folder(tmp_path_factory):
+    """hfbert's on-disk caches (the measured kernel choices, `hfbert/inference/kernel_cache.py`) go to this session's
+    temporary folder, for the tests and every subprocess they start: a test never writes to the user's ~/.cache."""
+    previous = os.environ.get("HFBERT_CACHE")
+    os.environ["HFBERT_CACHE"] = str(tmp_path_factory.mktemp("hfbert-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("HFBERT_CACHE", None)
+    else:
+        os.environ["HFBERT_CACHE"] = previous
 
 
 @pytest.fixture(scope="session")

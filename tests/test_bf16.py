@@ -226,3 +226,38 @@ def test_without_native_bf16_the_mode_says_so_by_name_and_changes_nothing():
     counts, unavailable, warned = result.stdout.strip().split("\n")
     assert counts == "0 True"
     assert "computes bf16 natively" in unavailable and "computes bf16 natively" in warned
+
+
+OLDER_SPELLING_SCRIPT = (
+    REFUSED_SCRIPT
+    + """
+from hfbert.platform.cpu import instruction_set
+print(instruction_set())
+"""
+)
+
+
+@pytest.mark.skipif("avx512bw" not in cpu_flags(), reason="not an AVX-512 CPU: AVX512_CORE caps nothing here")
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DNNL_MAX_CPU_ISA",
+        pytest.param("MKLDNN_MAX_CPU_ISA", marks=pytest.mark.slow),
+        pytest.param("ONEDNN_MAX_CPU_ISA", marks=pytest.mark.slow),
+    ],
+)
+def test_the_older_spellings_of_onednns_cap_refuse_the_mode_as_the_new_one_does(name):
+    """Issue 64, item 7: oneDNN also obeys DNNL_MAX_CPU_ISA (its older name) and torch's ideep MKLDNN_MAX_CPU_ISA;
+    capped to AVX512_CORE under any spelling, every bf16 product would run oneDNN's emulated kernel, so the mode
+    refuses by name, changes nothing, and `instruction_set()` names the cap in the spelling that set it. The other
+    libraries are left uncapped: oneDNN's cap alone decides."""
+    environment = {key: value for key, value in os.environ.items() if key not in CAPS}
+    environment[name] = "AVX512_CORE"
+    result = subprocess.run(
+        [sys.executable, "-c", OLDER_SPELLING_SCRIPT], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts, unavailable, warned, instruction_set = result.stdout.strip().split("\n")
+    assert counts == "0 True"
+    assert "computes bf16 natively" in unavailable and "computes bf16 natively" in warned
+    assert instruction_set.endswith(f"capped: {name}=AVX512_CORE")

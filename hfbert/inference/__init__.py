@@ -2,7 +2,8 @@
 
 - `optimize.py`: `optimize_for_inference(model)`, its table of modes, `restore_weights(model)`, `packed_layers` and
   `inference_mode_of` (what was applied);
-- `measured.py`: which kernel is faster here, timed once per process, shape and row count;
+- `measured.py`: which kernel is faster here, timed once per machine, shape and row count;
+- `kernel_cache.py`: those choices kept on disk for later processes, keyed by CPU, torch, caps and threads;
 - `swapped.py`: the one swap protocol (same parameters, build then swap, restore), the one per-call gate "kernel or
   plain", the form's cache that follows the parameters, `refresh(model)`;
 - `packed.py`: the fp32 oneDNN products (blocked and whole-width kernels) and `PackedLinear`;

@@ -71,7 +71,7 @@ class BF16Form(NamedTuple):
 
 def bf16_available() -> bool:
     """Whether this torch build and CPU run the bf16 mode's products natively (AVX512-BF16 or AMX, torch's
-    oneDNN); `hfbert.platform.cpu.bfloat16_native` sees every cap (`ONEDNN_MAX_CPU_ISA`)."""
+    oneDNN); `hfbert.platform.cpu.bfloat16_native` sees every cap, in every spelling (`ENVIRONMENT_CAPS`)."""
     return packing_supported(torch.bfloat16)
 
 

@@ -71,7 +71,7 @@ from hfbert.inference.swapped import Swapped, hooked, kernel_call, weight_key
 from hfbert.modeling.inputs import check_inputs
 from hfbert.modeling.model import BertModel, wants_tuple
 from hfbert.modeling.outputs import BertModelOutput
-from hfbert.modeling.padding import runs_padding_free
+from hfbert.modeling.padding import zeroed_pads
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 SEQUENCE_BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -432,8 +432,8 @@ class _Forward(nn.Module):
 
 def _cut(output: BertModelOutput, batch: int, sequence: int, attention_mask: Tensor | None, model: nn.Module):
     """The outputs of the padded call cut back to the call's (batch, sequence); pad positions zero where the eager
-    model would have run padding-free (`runs_padding_free`), as its outputs are."""
-    zero = (attention_mask == 0)[:, :, None] if runs_padding_free(attention_mask, model.padding_free) else None
+    model's are (`zeroed_pads`: every right-padded row's)."""
+    zero = zeroed_pads(attention_mask, model.padding_free)
 
     def cut(tensor: Tensor) -> Tensor:
         if tensor.dim() != 3:  # the pooler's (batch, hidden)

@@ -84,7 +84,7 @@ def int8_available() -> bool:
 
 def vnni_available() -> bool:
     """Whether oneDNN's int8 kernel sums uint8 x int8 products here without 16-bit saturation (VNNI or AMX), so
-    weights get the full [-127, 127]; found by a probe product, so it sees every cap (`ONEDNN_MAX_CPU_ISA`)."""
+    weights get the full [-127, 127]; found by a probe product, so it sees every cap (`ENVIRONMENT_CAPS`)."""
     return _levels() == 127
 
 

@@ -3,8 +3,9 @@
 A kernel that wins on one CPU loses on another: oneDNN's packed product beats MKL's sgemm on AVX-512 and at few
 rows, and loses to it on Zen 3's AVX2 at many (docs/cpu-inference.md). So every swapped module is handed the
 candidates for its block (candidate 0 is always the plain computation, the model's own), and `measured_choice` times
-them once per process on inputs of the block's shape at a few row counts (ROW_BUCKETS), with this process's thread
-count. A call then runs the candidate chosen for the nearest row count.
+them on inputs of the block's shape at a few row counts (ROW_BUCKETS), with this process's thread count, once per
+machine: the choices are kept on disk for later processes (`kernel_cache.py`, keyed by the CPU, torch, hfbert, the
+environment's caps and the thread count). A call then runs the candidate chosen for the nearest row count.
 
 The choice must not flip with the noise of a shared machine, or an optimized model would run slower than the plain
 one. So the candidates are timed in rounds, each round running every candidate once in a rotating order (what the
@@ -22,12 +23,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
+
+from hfbert.inference import kernel_cache
+from hfbert.platform import mkl
+from hfbert.platform.cpu import environment_caps
 
 # Rows per product: batch 1 of a short sentence, a small batch, a large batch (the padding-free token count of
 # 32 sentences of 32 tokens).
@@ -68,20 +72,32 @@ def measured_choice(
     key: Hashable, candidates: Sequence[Candidate], row_counts: tuple[int, ...] = ROW_BUCKETS
 ) -> tuple[int, ...]:
     """For each of `row_counts` (ROW_BUCKETS unless a kernel asks for others), the index of the candidate that runs
-    fastest here; measured at the first call for `key` (which names the block and its shape) in this process and
-    thread count, then remembered. Candidate 0 is the plain computation, kept unless another takes at most
-    WIN_MARGIN of its time."""
+    fastest here; measured at the first call for `key` (which names the block and its shape) in this process,
+    thread count and environment, then remembered, in this process and on disk for later ones (`kernel_cache.py`:
+    a later process on the same machine, torch and caps reads it instead of measuring). Candidate 0 is the plain
+    computation, kept unless another takes at most WIN_MARGIN of its time."""
+    threads = torch.get_num_threads()
+    # Every cap in every spelling (`ENVIRONMENT_CAPS`) and MKL's branch: a process that changes them between two
+    # models measures again, as it would in the on-disk cache, whose file these name with the CPU and versions.
     environment = (
-        torch.get_num_threads(),
+        threads,
         torch.backends.cpu.get_cpu_capability(),
-        os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        tuple(environment_caps().items()),
+        mkl.STATE.reason,
     )
     full_key = (key, environment)
     if full_key not in _measured:
-        _measured[full_key] = tuple(
-            _fastest([candidate(rows) for candidate in candidates], rounds)
-            for rows, rounds in zip(row_counts, map(_rounds, row_counts), strict=True)
-        )
+        name = kernel_cache.entry_name(key, row_counts)
+        cached = None if name is None else kernel_cache.load(name, len(row_counts), len(candidates), threads)
+        if cached is None:
+            kernel_cache.note_measuring(threads)
+            cached = tuple(
+                _fastest([candidate(rows) for candidate in candidates], rounds)
+                for rows, rounds in zip(row_counts, map(_rounds, row_counts), strict=True)
+            )
+            if name is not None:
+                kernel_cache.store(name, cached, threads)
+        _measured[full_key] = cached
     return _measured[full_key]
 
 

@@ -1,7 +1,8 @@
 """What is about the machine rather than the model, on the ground floor beside `converters/`: it imports nothing
 else of hfbert, and every floor above may ask it.
 
-- `cpu.py`: the CPU's name, flags and the instruction set the kernels run on (every printed number names it).
+- `cpu.py`: the CPU's name, flags and the instruction set the kernels run on (every printed number names it), and
+  the one list of the environment's caps on it, in every spelling (`ENVIRONMENT_CAPS`).
 - `mkl.py`: MKL's instruction-set branch on AMD CPUs, set at `import hfbert`: the one import-time side effect of
   the package (docs/architecture.md).
 - `allocator.py`: freed activation memory kept for the next forward (glibc's malloc thresholds).
