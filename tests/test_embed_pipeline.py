@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from hfbert.cli import main
-from hfbert.tools.embedding import Embedder
+from hfbert.tools.embedding import Embedder, embed_file
 from hfbert.tools.parity import default_texts
 
 from support.helpers import minilm_directory
@@ -215,3 +215,17 @@ def test_unsupported_modules_are_refused_by_name(sentence_backbone, tmp_path, ca
 
     capsys.readouterr()  # what building the checkpoint printed
     assert_one_line(*run(capsys, "embed", directory, "x"), "'sentence_transformers.models.LayerNorm' is not one")
+
+
+def test_one_text_gives_one_vector_as_sentence_transformers(sentence_backbone, tmp_path):
+    """A str is one text, as in sentence-transformers' `encode`: one (dimension,) vector, not one per character; a
+    list of that one text gives a (1, dimension) array. `embed_file` refuses a str, naming `texts`."""
+    directory = build(sentence_backbone, tmp_path / "model", "mean", normalize=True)
+    model, embedder = SentenceTransformer(str(directory), device="cpu"), Embedder(directory)
+    text = "A single text, not one per character."
+    for inputs in (text, [text]):
+        expected = model.encode(inputs, convert_to_numpy=True)
+        assert max_abs(embedder.embed(inputs).numpy(), expected) <= MAX_ABS  # shapes (32,), then (1, 32)
+    with pytest.raises(TypeError, match=r"texts is a str: give a list of texts \(\[text\] for one\)"):
+        embed_file(embedder, text, tmp_path / "out.npy", progress=False)
+    assert not (tmp_path / "out.npy").exists()

@@ -146,6 +146,25 @@ def test_rank_refuses_several_labels_as_sentence_transformers(folder):
     assert str(ours.value) == str(expected.value)
 
 
+def test_rank_refuses_a_str_of_documents_and_a_query_that_is_no_str(folder, tmp_path):
+    """sentence-transformers ranks a str of documents character by character; hfbert says what to give, in `rank`
+    and `rank_file` alike, as `predict` does for a str."""
+    from hfbert.tools.reranking import rank_file
+
+    directory = folder("bert-6.x-sigmoid")
+    assert len(reference(directory).rank(QUERIES[0], DOCUMENTS[0])) == len(DOCUMENTS[0])  # one per character
+    ours = hfbert.CrossEncoder(directory)
+    out = tmp_path / "ranked.jsonl"
+    for call in (ours.rank, lambda query, documents: rank_file(ours, query, documents, out, progress=False)):
+        with pytest.raises(TypeError, match=r"documents is a str: give a list of texts \(\[text\] for one\)"):
+            call(QUERIES[0], DOCUMENTS[0])
+        with pytest.raises(TypeError, match=r"query is a list; expected one text \(a str\)"):
+            call(QUERIES, DOCUMENTS)
+    assert not out.exists()
+    with pytest.raises(TypeError, match="inputs must be a list of"):
+        ours.predict(DOCUMENTS[0])
+
+
 def test_length_capped_at_the_models_longest_input(tmp_path):
     """A tokenizer without a limit: XLM-R's 514 positions take 512 tokens, which hfbert truncates to (its scores
     equal sentence-transformers told max_length=512; left at its own 514 it would index past the position table)."""

@@ -114,6 +114,23 @@ def test_encode_returns_what_sentence_transformers_returns(folder, arguments):
             assert compare(vectors, expected) <= MAX_ABS
 
 
+def test_one_text_gives_one_dict_of_token_weights(folder, tmp_path):
+    """`token_weights` of a str: that text's one {token: weight} dict (sentence-transformers' one vector), not one
+    per character; `sparse_file` refuses a str, naming `texts`."""
+    directory = folder("bert-max")
+    theirs, ours = reference(directory), hfbert.SparseEncoder(directory)
+    text = DOCUMENTS[1]
+    vector = theirs.encode(text).to_dense()
+    assert vector.shape == (ours.dimension,)
+    ids = vector.nonzero().flatten().tolist()
+    expected = dict(zip(theirs.tokenizer.convert_ids_to_tokens(ids), vector[ids].tolist(), strict=True))
+    weights = ours.token_weights(text)
+    assert isinstance(weights, dict) and set(weights) == set(expected) and len(expected) > 10
+    assert all(abs(weights[token] - weight) <= MAX_ABS for token, weight in expected.items())
+    with pytest.raises(TypeError, match="texts is a str"):
+        sparse.sparse_file(ours, text, tmp_path / "weights.jsonl", progress=False)
+
+
 def test_max_active_dims_from_the_folder_and_the_argument(folder, tmp_path):
     directory = shutil.copytree(folder("bert-sum"), tmp_path / "active")
     settings = json.loads((directory / "config_sentence_transformers.json").read_text())

@@ -111,7 +111,9 @@ class _BertWithHead(BertPreTrainedModel):
 class _MaskedLanguageModel(_BertWithHead):
     @property
     def prediction_head(self) -> nn.Module:
-        """The masked-LM head: hidden states -> vocabulary logits, with a `decoder` Linear and its `bias`."""
+        """The masked-LM head: hidden states -> vocabulary logits, with its `decoder` Linear (the output embeddings).
+        Every member's masked LM gives this module under this name (RoBERTa's `lm_head`, ModernBERT's `head` then
+        `decoder`): what runs a masked LM's head on hidden states of its own (SPLADE pooling) calls it."""
         return self.cls.predictions
 
     def tied_weights(self) -> dict[str, str]:

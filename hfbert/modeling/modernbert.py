@@ -462,6 +462,26 @@ class ModernBertPredictionHead(nn.Module):
         return self.norm(self.act(self.dense(hidden_states)))
 
 
+class ModernBertVocabularyLogits(nn.Module):
+    """The masked LM's hidden states -> vocabulary logits (`head`, then `decoder`), the module every member's masked LM
+    gives as `prediction_head`, so that code running any member's head on hidden states (SPLADE pooling) needs no
+    case for ModernBERT, whose two modules sit at the model's top level. It owns no weights and is no submodule of
+    the model: the state dict keeps transformers' names (`head.*`, `decoder.*`), and each call reads the model's
+    current `head` and `decoder`, so a resized or swapped decoder is followed."""
+
+    def __init__(self, model: ModernBertForMaskedLM) -> None:
+        super().__init__()
+        object.__setattr__(self, "_model", model)  # a plain reference: registering it would make a module cycle
+
+    @property
+    def decoder(self) -> nn.Linear:
+        """The vocabulary projection (the output embeddings)."""
+        return self._model.decoder
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self._model.decoder(self._model.head(hidden_states))
+
+
 class _ModernBertWithHead(ModernBertPreTrainedModel, _BertWithHead):
     """The encoder at `model`, then `head`, then the task's layers (`build_heads`)."""
 
@@ -512,10 +532,13 @@ class ModernBertForMaskedLM(_ModernBertWithHead, _MaskedLanguageModel):
 
     def build_heads(self, config: ModernBertConfig) -> None:
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+        # Outside the module tree (see ModernBertVocabularyLogits); one object, so hooks on it stay.
+        object.__setattr__(self, "_vocabulary_logits", ModernBertVocabularyLogits(self))
 
     @property
-    def prediction_head(self) -> nn.Module:
-        return self
+    def prediction_head(self) -> ModernBertVocabularyLogits:
+        """hidden states -> vocabulary logits: `head` then `decoder`, as every member's masked LM names it."""
+        return self._vocabulary_logits
 
     def forward(
         self,
@@ -543,7 +566,7 @@ class ModernBertForMaskedLM(_ModernBertWithHead, _MaskedLanguageModel):
             labels = labels.reshape(-1)
             kept = labels != self.config.sparse_pred_ignore_index
             hidden_states, labels = hidden_states.reshape(len(labels), -1)[kept], labels[kept]
-        logits = self.decoder(self.head(hidden_states))
+        logits = self.prediction_head(hidden_states)
         loss = None
         if labels is not None:
             labels = class_labels("labels", labels, self.config.vocab_size, logits.shape[:-1].numel())

@@ -163,9 +163,13 @@ class Embedder:
         return self.pipeline.normalize
 
     @torch.no_grad()
-    def embed(self, texts: Sequence[str], progress: Any = None) -> Tensor:
-        """Embeddings of `texts`, in their order; longest texts are batched together first, as sentence-transformers
-        does. `progress`: anything with `update(n)` (a tqdm bar) to advance by each batch's size."""
+    def embed(self, texts: Sequence[str] | str, progress: Any = None) -> Tensor:
+        """Embeddings of `texts`, in their order: a (texts, dimension) float32 tensor; one text (a str) gives one
+        (dimension,) vector, as sentence-transformers' `encode`. Longest texts are batched together first, as
+        sentence-transformers does. `progress`: anything with `update(n)` (a tqdm bar) to advance by each batch's
+        size."""
+        if isinstance(texts, str):  # one text, not a sequence of one-character texts
+            return self.embed([texts], progress)[0]
         result = torch.empty(len(texts), self.dimension, dtype=torch.float32)
         for indices, batch, hidden in self._encoded(texts, progress):
             result[indices] = self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
@@ -173,7 +177,7 @@ class Embedder:
 
     @torch.no_grad()
     def embed_m3(
-        self, texts: Sequence[str], outputs: str | Sequence[str] = M3_OUTPUTS, progress: Any = None
+        self, texts: Sequence[str] | str, outputs: str | Sequence[str] = M3_OUTPUTS, progress: Any = None
     ) -> dict[str, Any]:
         """BAAI/bge-m3's outputs of `texts` from one encoder pass, as FlagEmbedding's `BGEM3FlagModel.encode(texts,
         return_dense=..., return_sparse=..., return_colbert_vecs=...)` returns them (`hfbert.tools.bge_m3`), under
@@ -182,7 +186,11 @@ class Embedder:
         float32 tensor per text; an output not asked for is None. `outputs`: "dense", "sparse", "colbert", as a
         list or comma-separated. Texts are truncated at `max_length`, the folder's (8,192 for bge-m3), where
         FlagEmbedding truncates at 512 by default: give `Embedder(..., max_length=512)` for its numbers on longer
-        texts. The sparse and ColBERT layers are read on first use (`m3_heads`)."""
+        texts. One text (a str) gives each output of that text alone (a (dimension,) vector, one dict, one tensor),
+        as FlagEmbedding does. The sparse and ColBERT layers are read on first use (`m3_heads`)."""
+        if isinstance(texts, str):  # one text, not a sequence of one-character texts
+            result = self.embed_m3([texts], outputs, progress)
+            return {key: None if value is None else value[0] for key, value in result.items()}
         names = parse_outputs(outputs)
         heads = self.m3_heads if {"sparse", "colbert"} & set(names) else None
         result: dict[str, Any] = dict.fromkeys(RESULT_KEYS.values())

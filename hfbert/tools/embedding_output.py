@@ -221,6 +221,8 @@ def write_in_input_order(
     from hfbert.tools.progress import Progress
     from hfbert.tools.texts import CheckedTexts, check_unicode, is_checked
 
+    if isinstance(texts, str):  # iterating it would give one text per character
+        raise TypeError("texts is a str: give a list of texts ([text] for one), or read_texts(path) for a file")
     if chunk_size < 1:
         raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

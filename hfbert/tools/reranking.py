@@ -221,8 +221,11 @@ class CrossEncoder:
     ) -> list[dict[str, Any]]:
         """`documents` by their score against `query`, best first, as sentence-transformers' `CrossEncoder.rank`:
         `[{"corpus_id": i, "score": s}, ...]` (with `"text"` when `return_documents`), equal scores in input order,
-        the first `top_k` (all for None). Only for a model with one label (ValueError otherwise)."""
+        the first `top_k` (all for None). Only for a model with one label (ValueError otherwise); TypeError for a
+        `query` that is no str or `documents` that is one (which sentence-transformers would rank character by
+        character)."""
         self.require_one_label()
+        _check_query_and_documents(query, documents)
         scores = self.predict(
             [[query, document] for document in documents],
             prompt_name=prompt_name,
@@ -238,6 +241,13 @@ class CrossEncoder:
             if return_documents:
                 results[-1]["text"] = documents[index]
         return sorted(results, key=lambda result: result["score"], reverse=True)[:top_k]
+
+
+def _check_query_and_documents(query: Any, documents: Any) -> None:
+    if not isinstance(query, str):
+        raise TypeError(f"query is a {type(query).__name__}; expected one text (a str)")
+    if isinstance(documents, str):  # iterating it would give one document per character
+        raise TypeError("documents is a str: give a list of texts ([text] for one)")
 
 
 def _is_single_pair(inputs: Any) -> bool:
@@ -342,6 +352,7 @@ def rank_file(
     if output_kind(out) != ".jsonl":
         raise ValueError(f"{out}: rankings are written as JSON lines: use .jsonl")
     reranker.require_one_label()
+    _check_query_and_documents(query, documents)
     scores: list[float] = []
     bar = Progress(None, "rerank", "document", enabled=progress)
     checked = is_checked(documents)  # a file's, by read_texts: named by file and line
@@ -350,7 +361,7 @@ def rank_file(
         while chunk := list(islice(iterator, chunk_size)):
             for offset, document in enumerate(chunk) if not checked else ():  # named by their place in the input
                 check_unicode(document, f"document {len(scores) + offset}")
-            if not scores and isinstance(query, str):  # the query once, named as the first pair's first text
+            if not scores:  # the query once, named as the first pair's first text
                 check_unicode(query, "pair 0, text 0")
             pairs = CheckedTexts([query, document] for document in chunk)  # not checked again by `predict`
             scored = reranker.predict(pairs, batch_size=batch_size, convert_to_tensor=True)

@@ -175,15 +175,17 @@ class SparseEncoder:
 
     def token_weights(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str] | str,
         batch_size: int = 32,
         prompt: str | None = None,
         prompt_name: str | None = None,
         progress: Any = None,
-    ) -> list[dict[str, float]]:
+    ) -> list[dict[str, float]] | dict[str, float]:
         """Each text's nonzero weights by token, `{token: weight}` with the vocabulary's token strings (an id the
-        tokenizer has no token for is named "[id:N]"), largest first, in the order of `texts`. `progress`: anything
-        with `update(n)`."""
+        tokenizer has no token for is named "[id:N]"), largest first, in the order of `texts`; one text (a str) gives
+        its one dict, as `encode` gives one vector. `progress`: anything with `update(n)`."""
+        if isinstance(texts, str):  # one text, not a sequence of one-character texts
+            return self.token_weights([texts], batch_size, prompt, prompt_name, progress)[0]
         tokens = self.tokens()
         result: list[dict[str, float] | None] = [None] * len(texts)
         prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
