@@ -23,10 +23,13 @@ HEADER = """# The `hfbert` command
 
 {description}
 
-Every command also takes `-h` / `--help`. Exit status: 0 on success; 1 on failure, with one line on stderr naming
-the argument, file or line (`parity`: also when an output is less accurate than transformers' own against
-float64); 2 for a usage error or a missing optional dependency (the message says what to install); 130 on Ctrl-C,
-143 on SIGTERM. `HFBERT_TRACEBACK=1` shows the traceback of an unexpected error.
+Every command also takes `-h` / `--help`. Options and positional arguments may come in any order
+(`hfbert rerank MODEL --query Q DOC1 DOC2`). What can be checked without the model (input files, their UTF-8, the
+output's folder, config.json's `model_type`) is checked before it loads. Exit status: 0 on success; 1 on failure,
+with one line on stderr naming the argument, file or line (`parity`: also when an output is less accurate than
+transformers' own against float64); 2 for a usage error or a missing optional dependency (the message says what to
+install); 130 on Ctrl-C, 143 on SIGTERM; 141, silently, when the reader of standard output has gone (`| head`).
+`HFBERT_TRACEBACK=1` shows the traceback of an unexpected error.
 
 {contents}
 """

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from converters.hub import CONFIG_FILE, resolve_checkpoint
@@ -28,6 +29,19 @@ def model_class(config: BertConfig, task: str = "model") -> type[BertPreTrainedM
         where = f"{config.source}: " if config.source else ""
         raise ConfigError(f"{where}model_type {config.model_type!r} has no {task} model (it has: {', '.join(classes)})")
     return classes[task]
+
+
+def absent_heads(cls: type[BertPreTrainedModel], new_head: Iterable[str]) -> tuple[str, ...]:
+    """The prefixes of `cls.heads` (its task's head, as the family's class names it: BERT's `cls.predictions.`,
+    RoBERTa's `lm_head.`, ModernBERT's `head.` and `decoder.`) that a checkpoint has no tensor of, from the load
+    report's `new_head` (the parameters initialised because their head is absent). Empty when the head loaded.
+
+    >>> from hfbert.modeling.modernbert import ModernBertForMaskedLM
+    >>> absent_heads(ModernBertForMaskedLM, ["decoder.bias"])
+    ('decoder.',)
+    """
+    initialised = list(new_head)
+    return tuple(prefix for prefix in cls.heads if any(name.startswith(prefix) for name in initialised))
 
 
 class AutoModel:

@@ -177,6 +177,11 @@ class BertConfig:
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first field that cannot describe a BERT encoder."""
+        # The model type first: another family's file (DeBERTa's has no token types, type_vocab_size 0) fails on its
+        # model_type, not on the first of its fields that BERT reads differently.
+        if not isinstance(self.model_type, str) or self.model_type not in self.members:
+            members = ", ".join(map(repr, self.members))
+            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {members}")
         for name in _POSITIVE_INTEGERS:
             value = getattr(self, name)
             if not is_integer(value) or value <= 0:
@@ -229,9 +234,6 @@ class BertConfig:
             raise self._fail("problem_type", f"is {self.problem_type!r}; expected one of {PROBLEM_TYPES}")
         if self.problem_type == "single_label_classification" and self.num_labels == 1:  # as transformers refuses it
             raise self._fail("problem_type", "'single_label_classification' needs num_labels > 1 (use 'regression')")
-        if self.model_type not in self.members:
-            members = ", ".join(map(repr, self.members))
-            raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {members}")
         if self.positions_after_padding:
             if not is_integer(self.position_padding_idx):
                 raise self._fail("pad_token_id", f"must be set for {self.model_type!r}: positions count from it")

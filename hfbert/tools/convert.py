@@ -7,11 +7,12 @@ A backbone-only source is written as transformers' `BertModel` stores it (no pre
 keeps them, with the backbone under `bert.`, as `BertFor...` models store it. RoBERTa, XLM-RoBERTa and CamemBERT
 (config.json's model_type) are written as their transformers classes store them: `roberta.`, `lm_head.`,
 `classifier.dense / out_proj`, the tied `lm_head.decoder` not stored; MPNet the same under `mpnet.`, with its
-`encoder.relative_attention_bias` and `attention.attn.q / k / v / o`. Tokenizer files are copied, and for
-a backbone the sentence-transformers files too (modules.json, 1_Pooling/, ...: `SentenceTransformer(destination)`
-keeps the source's pooling and Normalize). A bge-m3 folder's `sparse_linear.pt` and `colbert_linear.pt` (pickles,
-read through `torch.load(weights_only=True)` and checked: `hfbert.tools.bge_m3`) are written as
-`sparse_linear.safetensors` and `colbert_linear.safetensors`, which hfbert reads in their place.
+`encoder.relative_attention_bias` and `attention.attn.q / k / v / o`. Tokenizer files are copied, and the
+sentence-transformers files too (modules.json, 1_Pooling/, ...: `SentenceTransformer(destination)` keeps the source's
+pooling and Normalize, `CrossEncoder` its activation, `SparseEncoder` its SPLADE pooling). A bge-m3 folder's
+`sparse_linear.pt` and `colbert_linear.pt` (pickles, read through `torch.load(weights_only=True)` and checked:
+`hfbert.tools.bge_m3`) are written as `sparse_linear.safetensors` and `colbert_linear.safetensors`, which hfbert
+reads in their place.
 
 Everything is written into a temporary directory beside the destination and renamed into place at the end, so
 an interrupted or failed conversion leaves no destination and no partial files (a run killed by SIGKILL leaves
@@ -181,13 +182,13 @@ def convert(
         }
         for stem, layer in present_heads(directory, hidden_size).items()
     }
-    prefix = member(config_values.get("model_type", "bert")).key_layout.prefix
-    backbone = not any(name.startswith(prefix) for name in tensors)  # no task heads: a BertModel, RobertaModel
     with atomic_directory(destination) as temporary:
         written = write_safetensors(tensors, temporary, max_shard_size)
         (temporary / CONFIG_FILE).write_text(json.dumps(config_values, indent=2) + "\n", encoding="utf-8")
         written.append(CONFIG_FILE)
-        written += copy_model_files(directory, temporary, sentence_transformers=backbone)
+        # The sentence-transformers files of any folder: a SentenceTransformer's backbone, a CrossEncoder's classifier
+        # (its activation) and a SparseEncoder's masked LM (its pooling) alike.
+        written += copy_model_files(directory, temporary, sentence_transformers=True)
         for stem, layer in m3_heads.items():
             save_file(
                 {name: t.contiguous() for name, t in layer.items()},

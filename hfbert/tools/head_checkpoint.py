@@ -17,7 +17,10 @@ Which files decide what, as sentence-transformers (6.x) reads them:
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ MODULE_PACKAGES = (
     "sentence_transformers.sparse_encoder.",
     "sentence_transformers.cross_encoder.",
 )
-__all__ = ["FolderSettings", "load_head_model", "read_folder_settings", "resolve_folder"]
+__all__ = ["FolderSettings", "held_warnings", "load_head_model", "read_folder_settings", "resolve_folder"]
 
 
 @dataclass
@@ -175,7 +178,7 @@ def load_head_model(
     the folder when the checkpoint has no tensor of the task's head (transformers would initialise one at random:
     scores of noise)."""
     from hfbert.inference import optimize_for_inference
-    from hfbert.modeling.auto import model_class
+    from hfbert.modeling.auto import absent_heads, model_class
     from hfbert.modeling.config import BertConfig
 
     config = BertConfig.from_json_file(directory / "config.json")
@@ -183,25 +186,52 @@ def load_head_model(
     options = dict(device=device, dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype)
     options.update(output_loading_info=True, ignore_auto_map=ignore_auto_map)
     try:
-        model, info = cls.from_pretrained(directory, **options)
+        with held_warnings() as held:  # the loader's "newly initialized" warning, shown only if the model is kept
+            model, info = cls.from_pretrained(directory, **options)
     except CheckpointError as error:
         # A checkpoint of another task (a masked LM read as a classifier) also lacks parts the head's model needs
         # beside the head (BERT's pooler); the missing head is what to say, when it is missing.
         # (On the CPU, in the stored dtype: the weights stay memory-mapped, only what is missing is allocated.)
         try:
-            _, info = cls.from_pretrained(
-                directory, strict=False, output_loading_info=True, ignore_auto_map=ignore_auto_map
-            )
+            with held_warnings():  # this load only finds what is missing: its warnings are never shown
+                _, info = cls.from_pretrained(
+                    directory, strict=False, output_loading_info=True, ignore_auto_map=ignore_auto_map
+                )
         except CheckpointError:
             raise error from None
         if not info["report"].new_head:
             raise
     if info["report"].new_head:
-        head = cls.heads[0]
-        what = cls.key_layout.heads.get(head, "task head")
+        # Only the heads absent (ModernBERT's masked LM, read as a classifier, has the prediction head the classifier
+        # reads through, not the classifier).
+        missing = absent_heads(cls, info["report"].new_head) or cls.heads
+        what = ", no ".join(cls.key_layout.heads.get(head, "task head") for head in missing)
+        tensors = ", ".join(f"{head}*" for head in missing)
         raise ValueError(
-            f"{directory}: the checkpoint has no {what} (no {head}* tensors in its weights); {cls.__name__} needs one"
+            f"{directory}: the checkpoint has no {what} (no {tensors} tensors in its weights); {cls.__name__} needs "
+            f"{'them' if len(missing) > 1 else 'one'}"
         )
+    for record in held:
+        logging.getLogger(record.name).handle(record)
     # fp32 packed weights give the plain model's numbers within hfbert's contract (a no-op off x86 CPUs); int8 is
     # lossy, and only when asked (bf16 too).
     return optimize_for_inference(model, quantize=quantize, precision=precision)
+
+
+@contextmanager
+def held_warnings(logger: str = "hfbert") -> Iterator[list[logging.LogRecord]]:
+    """The records `logger` emits in the block, held back (not shown) and listed, for the caller to show
+    (`logging.getLogger(record.name).handle(record)`) or drop: a load that is then refused for its missing head
+    says that once, without first warning that the head was initialised for training."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record)
+        return False
+
+    target = logging.getLogger(logger)
+    target.addFilter(hold)
+    try:
+        yield held
+    finally:
+        target.removeFilter(hold)

@@ -3,7 +3,8 @@
 A bar redrawn with carriage returns is unreadable in a log file, and tqdm's own default (`disable=None`) prints
 nothing at all when stderr is not a terminal, so a job in CI looked stuck for minutes. Off a terminal, a line such
 as `parity: 12/48 batch (25%), 0:31 elapsed, 0.4 batch/s, backbone` is printed every `LOG_INTERVAL` seconds, and
-once more when a job that printed one ends; a job shorter than that prints none (so a failure stays one line).
+once more when a job that printed one ends, unless its last line already gave the final count (a log shows each
+count once); a job shorter than that prints none (so a failure stays one line).
 `TQDM_DISABLE=1` or `HF_HUB_DISABLE_PROGRESS_BARS=1` silence both, as they silence tqdm and huggingface_hub.
 """
 
@@ -34,6 +35,7 @@ class Progress:
     def __init__(self, total: int | None, description: str, unit: str, *, enabled: bool = True) -> None:
         self.total, self.description, self.unit = total, description, unit
         self.count, self.postfix, self.printed = 0, "", False
+        self.shown: int | None = None  # the count the last line gave
         self.started = self.last = time.monotonic()
         shown = enabled and not _silenced()
         self.lines = shown and not sys.stderr.isatty()
@@ -41,7 +43,8 @@ class Progress:
         if shown and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr)
+            # tqdm writes the unit right after the count ("0document"): a space keeps them apart ("12 document").
+            self.bar = tqdm(total=total, desc=description, unit=f" {unit}", file=sys.stderr)
 
     def _line(self) -> None:
         elapsed = time.monotonic() - self.started
@@ -51,7 +54,7 @@ class Progress:
         rate = f", {self.count / elapsed:.3g} {self.unit}/s" if elapsed > 0 and self.count else ""
         postfix = f", {self.postfix}" if self.postfix else ""
         print(f"{self.description}: {done}, {_clock(elapsed)} elapsed{rate}{postfix}", file=sys.stderr, flush=True)
-        self.last, self.printed = time.monotonic(), True
+        self.last, self.printed, self.shown = time.monotonic(), True, self.count
 
     def update(self, count: int = 1) -> None:
         self.count += count
@@ -69,6 +72,6 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self.lines and self.printed:
+        elif self.lines and self.printed and self.shown != self.count:
             self._line()
         self.lines = False

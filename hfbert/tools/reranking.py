@@ -28,7 +28,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import closing
+from contextlib import closing, nullcontext
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -167,13 +167,15 @@ class CrossEncoder:
         apply_softmax: bool | None,
         show_progress_bar: bool | None,
     ) -> list[Tensor]:
-        """One score tensor per pair, in input order; the longest pairs are batched first."""
+        """One score tensor per pair, in input order; the longest pairs are batched first. `show_progress_bar`: a
+        flag (a bar of these pairs), or a bar to advance by each batch (`rank_file`'s, over all its chunks)."""
         from hfbert.tools.progress import Progress
 
         order = sorted(range(len(firsts)), key=lambda index: -(len(firsts[index]) + len(seconds[index])))
         scores: list[Tensor | None] = [None] * len(firsts)
-        bar = Progress(len(firsts), "rerank", "pair", enabled=bool(show_progress_bar))
-        with closing(bar):
+        own = not hasattr(show_progress_bar, "update")
+        bar = Progress(len(firsts), "rerank", "pair", enabled=bool(show_progress_bar)) if own else show_progress_bar
+        with closing(bar) if own else nullcontext():
             for start in range(0, len(order), batch_size):
                 indices = order[start : start + batch_size]
                 batch = self.tokenizer(
@@ -339,11 +341,13 @@ def rank_file(
     batch_size: int = 32,
     chunk_size: int = CHUNK_SIZE,
     progress: bool = True,
+    total: int | None = None,
 ) -> int:
     """`reranker.rank(query, documents, top_k)` written as JSON lines `{"index": i, "score": s}`, best first, into
     `out` (None: stdout) as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole or not at all, a full
     disk named). `documents` is read lazily and once, scored `chunk_size` at a time: only the scores are kept, so a
-    file of any size ranks in memory proportional to its line count. Returns how many lines were written."""
+    file of any size ranks in memory proportional to its line count. Progress counts documents as each batch is
+    scored (of `total`, when known: a file's line count). Returns how many lines were written."""
     from hfbert.tools.embedding_output import output_kind, output_writer
     from hfbert.tools.progress import Progress
 
@@ -354,7 +358,7 @@ def rank_file(
     reranker.require_one_label()
     _check_query_and_documents(query, documents)
     scores: list[float] = []
-    bar = Progress(None, "rerank", "document", enabled=progress)
+    bar = Progress(total, "rerank", "document", enabled=progress)
     checked = is_checked(documents)  # a file's, by read_texts: named by file and line
     with closing(bar):
         iterator = iter(documents)
@@ -364,9 +368,9 @@ def rank_file(
             if not scores:  # the query once, named as the first pair's first text
                 check_unicode(query, "pair 0, text 0")
             pairs = CheckedTexts([query, document] for document in chunk)  # not checked again by `predict`
-            scored = reranker.predict(pairs, batch_size=batch_size, convert_to_tensor=True)
+            # The bar advances by each batch: once per chunk, it stayed at 0 until 10,000 documents were scored.
+            scored = reranker.predict(pairs, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=bar)
             scores += scored.tolist()
-            bar.update(len(chunk))
     ranked = sorted(enumerate(scores), key=lambda item: item[1], reverse=True)[:top_k]
     with output_writer(out, 1, ".jsonl") as writer:
         for index, score in ranked:

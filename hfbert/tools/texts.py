@@ -170,3 +170,68 @@ def refuse_output_over_stdin(outputs: Mapping[str, str | os.PathLike | None], so
                 f"{option} {os.fspath(output)}: the output is the file standard input reads (--file -); refusing "
                 f"to overwrite it, choose another output"
             )
+
+
+def check_input_file(path: str | os.PathLike, option: str, *, read: bool = True) -> int | None:
+    """An input file checked before any model loads (a load takes seconds; a typo should not): ValueError naming
+    `option` and `path` when there is no such file, it is a folder or it cannot be read; for a regular file, read
+    once here (unless `read` is False: the quick checks only), every problem `read_texts` would find later (invalid
+    UTF-8, and in a .jsonl file a line that is not a JSON object with a string "text"), named by file and line as it
+    names them. Returns the line count of a regular file (`count_lines`'), None for `-`, a pipe or a FIFO (those
+    are read once, later, and checked then) and where `read` is False."""
+    if os.fspath(path) == STDIN:
+        return None
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        raise ValueError(f"{option} {os.fspath(path)}: no such file") from None
+    except OSError as error:
+        raise ValueError(f"{option} {os.fspath(path)}: cannot be read ({error.strerror})") from None
+    if stat.S_ISDIR(status.st_mode):
+        raise ValueError(f"{option} {os.fspath(path)}: is a folder; give a file of texts, one per line")
+    if not stat.S_ISREG(status.st_mode):
+        return None
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{option} {os.fspath(path)}: cannot be read (permission denied)")
+    if not read:
+        return None
+    try:
+        if Path(path).suffix == ".jsonl":  # each line parsed, as `read_texts` will parse it
+            return sum(1 for _ in _texts(path, skip_blank=False))
+        return _checked_line_count(path)
+    except OSError as error:
+        raise ValueError(f"{option} {os.fspath(path)}: cannot be read ({error.strerror})") from None
+
+
+def _checked_line_count(path: str | os.PathLike) -> int:
+    """`count_lines(path)`, the file decoded as UTF-8 on the way, in blocks (fast): where it is not, the line and
+    column are found by `numbered_lines`, which raises naming them."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines, last = 0, b"\n"
+    try:
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                decoder.decode(block)
+                lines += block.count(b"\n")
+                last = block[-1:]
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        for _ in numbered_lines(path):
+            pass
+        raise ValueError(f"{path}: not valid UTF-8") from None  # not reached: a line of it is not valid UTF-8
+    return lines + (last != b"\n")
+
+
+def check_output_folders(outputs: Mapping[str, str | os.PathLike | None]) -> None:
+    """ValueError, before anything runs, naming the option of an output (option -> path; None and `-`, standard
+    output, are skipped) whose folder does not exist, or which is a folder itself."""
+    for option, output in outputs.items():
+        if output is None or os.fspath(output) == STDIN:
+            continue
+        target = Path(output)
+        if target.is_dir():
+            raise ValueError(f"{option} {os.fspath(output)}: is a folder; give a file name")
+        if not target.resolve().parent.is_dir():
+            raise ValueError(f"{option} {os.fspath(output)}: the directory {target.resolve().parent} does not exist")

@@ -23,11 +23,18 @@ CASE = "right padding"  # every text once, in order, batched as an embedding ser
 
 
 def read_sentence_pipeline(directory: Path, config: Any, tokenizer_max_length: int) -> Pipeline | None:
-    """The checkpoint's sentence-transformers pipeline, or None when it has no modules.json (then there are no
-    sentence embeddings to judge)."""
+    """The checkpoint's sentence-transformers pipeline, or None when it has no modules.json, or one that
+    config_sentence_transformers.json says another class wrote (a CrossEncoder's classifier, a SparseEncoder's
+    masked LM): then there are no sentence embeddings to judge."""
+    from converters.json_files import read_json_object
+    from hfbert.tools.sentence_transformers_pipeline import PROMPTS_FILE, read_pipeline
+
     if not (Path(directory) / "modules.json").is_file():
         return None
-    from hfbert.tools.sentence_transformers_pipeline import read_pipeline
+    # As sentence-transformers: a folder without a model_type was written by SentenceTransformer.
+    settings = read_json_object(Path(directory) / PROMPTS_FILE, missing_ok=True)
+    if settings.get("model_type", "SentenceTransformer") != "SentenceTransformer":
+        return None
 
     return read_pipeline(Path(directory), config.hidden_size, config.max_position_embeddings, tokenizer_max_length)
 

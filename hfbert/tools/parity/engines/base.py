@@ -289,10 +289,14 @@ class ModelSpec(NamedTuple):
         """The family member config.json's `model_type` names (hfbert.modeling.family)."""
         return member(self.model_type)
 
-    def model_class(self, masked_lm: type, backbone: type, pooler: type) -> tuple[type, dict[str, Any]]:
-        """The class to load, of one library's masked-LM model, backbone and pooler, and its loading options."""
+    def model_class(self, masked_lm: type, backbone: type, pooler: type | None) -> tuple[type, dict[str, Any]]:
+        """The class to load, of one library's masked-LM model, backbone and pooler (None where the library has no
+        pooler for the member: ModernBERT's in transformers), and its loading options."""
         if not self.has_mlm_head:
-            return backbone, {"add_pooling_layer": self.has_pooler}
+            # A backbone without a pooler class takes no pooler argument either (transformers' ModernBertModel
+            # refuses `add_pooling_layer`); one with a pooler is told whether the checkpoint stores its weights, so
+            # that none is made up from random values.
+            return backbone, ({"add_pooling_layer": self.has_pooler} if pooler is not None else {})
         return (with_pooler(masked_lm, pooler) if self.has_pooler else masked_lm), {}
 
     def engine(self, model: Any) -> TorchEngine:
