@@ -341,6 +341,17 @@ def test_embed(model_type, layout, checkpoint, tmp_path, capsys):
     assert np.abs(ours - expected).max() <= MAX_ABS
 
 
+@pytest.mark.parametrize(("model_type", "layout"), grid(lambda _: ["cross-encoder", "sparse-encoder"]))
+def test_embed_on_a_reranker_or_sparse_folder_names_the_tool_that_runs_it(
+    model_type, layout, checkpoint, capsys, caplog
+):
+    """A CrossEncoder or SparseEncoder folder is no sentence embedding model (`SentenceTransformer(folder)` would
+    mean-pool its encoder and ignore what the folder says): `hfbert embed` refuses, naming the tool that runs it."""
+    directory = checkpoint(model_type, layout)
+    tool = "hfbert rerank" if layout == "cross-encoder" else "hfbert embed --sparse"
+    refused(capsys, caplog, "embed", directory, "a text", naming=(str(directory), tool))
+
+
 # The folder's rows are slow: a masked LM of random weights gives most of a 30,000-token vocabulary (BERT's, MPNet's)
 # a weight in every text, so that a row reads and writes 100,000 weights; the masked LM's rows run the same path.
 @pytest.mark.parametrize(

@@ -90,7 +90,13 @@ def multi_head_attention(
     context, probabilities = attend(
         split_heads(query), split_heads(key), split_heads(value), key_mask, scale, dropout, bias
     )
-    return context.transpose(1, 2).reshape(batch, length, hidden), probabilities
+    context = context.transpose(1, 2)
+    if torch.compiler.is_exporting():
+        # The ONNX exporter decomposes sdpa into ops whose output is laid out otherwise than the kernel it traced,
+        # and the reshape below, recorded as a view of the traced layout, then fails (pytorch/pytorch#141107, MPNet's
+        # bias with gradients enabled): an explicit copy holds for either layout. Eager runs need no copy.
+        context = context.clone(memory_format=torch.contiguous_format)
+    return context.reshape(batch, length, hidden), probabilities
 
 
 def check_attention_implementation(name: str) -> str:

@@ -133,7 +133,11 @@ def windowed(key_mask: Tensor | None, bias: Tensor | None, length: int, window: 
 def as_band(length: int, window: int | None, implementation: str, bias: Tensor | None) -> bool:
     """Whether a windowed attention call runs as a band (`local_attention.py`: cost length x window): with the sdpa
     kernel (eager computes the attention maps), no additive bias, and a sequence long enough for the band to pay
-    (`BAND_FROM` windows). The result is the dense computation's either way, to the order of floating-point sums."""
+    (`BAND_FROM` windows). The result is the dense computation's either way, to the order of floating-point sums.
+    Never in a graph traced or exported for later calls (jit.trace, torch.export, the ONNX exporters): that graph
+    serves every length, and the choice would be baked in at the example's; torch.compile keeps the band."""
+    if torch.jit.is_tracing() or torch.compiler.is_exporting():
+        return False
     return window is not None and implementation == "sdpa" and bias is None and length > BAND_FROM * window
 
 

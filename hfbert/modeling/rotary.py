@@ -30,15 +30,13 @@ def rotary_tables(positions: Tensor, head_size: int, theta: float, dtype: torch.
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """`x` (..., heads, head_size) rotated by the tables (..., head_size) of its positions, in at least float32 (as
     transformers rotates a bf16 model's queries), returned in `x`'s dtype: plane i of (first, second) halves becomes
-    (first * cos - second * sin, second * cos + first * sin), written into one new tensor."""
+    (first * cos - second * sin, second * cos + first * sin), one new tensor."""
     dtype, compute = x.dtype, torch.promote_types(x.dtype, torch.float32)
     half = x.shape[-1] // 2
     cos, sin = (table[..., :half].to(compute).unsqueeze(-2) for table in (cos, sin))  # the halves repeat
-    x = x.to(compute)
-    first, second = x[..., :half], x[..., half:]
-    if torch.is_grad_enabled() and x.requires_grad:  # autograd records no writes into `out=`
-        return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(dtype)
-    rotated = torch.empty_like(x, memory_format=torch.contiguous_format)
-    torch.mul(first, cos, out=rotated[..., :half]).addcmul_(second, sin, value=-1.0)
-    torch.mul(second, cos, out=rotated[..., half:]).addcmul_(first, sin)
-    return rotated.to(dtype)
+    halves = x.to(compute).unflatten(-1, (2, half))  # (..., heads, 2, half): first and second
+    # Both halves in one product and one multiply-add (first's partner is second, second's is first), the add into
+    # the product's own new tensor: never a write into a slice of a buffer (`out=`), which the TorchScript ONNX
+    # exporter drops and AOTAutograd refuses, so that every tracer records the rotation the eager model runs.
+    rotated = (halves * cos.unsqueeze(-2)).addcmul_(halves.flip(-2), torch.stack((-sin, sin), dim=-2))
+    return rotated.flatten(-2).to(dtype)

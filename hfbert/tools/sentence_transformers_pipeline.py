@@ -206,6 +206,11 @@ def _dense_weights(directory: Path) -> CheckpointTensors:
     raise ValueError(f"{directory}: a Dense module without weights (model.safetensors or pytorch_model.bin)")
 
 
+# Folders sentence-transformers' other classes write: their modules.json describes a reranker or a sparse encoder,
+# which `SentenceTransformer(folder)` would silently mean-pool instead; the tool that runs each.
+OTHER_TOOLS = {"CrossEncoder": "hfbert rerank (hfbert.CrossEncoder)", "SparseEncoder": "hfbert embed --sparse"}
+
+
 def read_pipeline(
     directory: Path, hidden_size: int, max_position_embeddings: int, tokenizer_max_length: int
 ) -> Pipeline:
@@ -219,6 +224,12 @@ def read_pipeline(
             SentenceModules(Pooling(("mean",), hidden_size)),
             capped,
             source="no sentence-transformers modules.json (mean pooling, as SentenceTransformer does)",
+        )
+    written_by = read_json_object(directory / PROMPTS_FILE, missing_ok=True).get("model_type", "SentenceTransformer")
+    if written_by in OTHER_TOOLS:
+        raise ValueError(
+            f"{directory}: written by sentence-transformers' {written_by} ({PROMPTS_FILE}), not a sentence embedding "
+            f"model: use {OTHER_TOOLS[written_by]}"
         )
     entries = read_json(modules_file)
     if not isinstance(entries, list) or not entries:
