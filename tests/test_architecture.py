@@ -274,3 +274,27 @@ def test_a_docstring_that_lists_a_removed_room_fails(tmp_path):
     assert listed_rooms(tmp_path / "pkg") - rooms(tmp_path / "pkg") == {"cpu.py"}
     write(tmp_path, {"pkg/new.py": ""})
     assert rooms(tmp_path / "pkg") - listed_rooms(tmp_path / "pkg") == {"new.py"}
+
+
+def test_the_file_table_names_every_module():
+    """docs/architecture.md's file table names every module of the package and of converters/: by its path, by its
+    bare name after a path in its folder (`outputs.py`), or within a folder row (`hfbert/tools/parity/`). A new file
+    without a row fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("## Files") :]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    missing = []
+    for module in sorted([*(ROOT / "hfbert").rglob("*.py"), *(ROOT / "converters").rglob("*.py")]):
+        path = module.relative_to(ROOT).as_posix()
+        if module.name == "__init__.py":
+            continue
+        folder = path.rpartition("/")[0] + "/"
+        named = any(
+            f"`{path}`" in row
+            or (f"`{module.name}`" in row and f"`{folder}" in row)
+            or any(path.startswith(room) for room in re.findall(r"`([\w/]+/)`", row.split("|")[1]))
+            for row in rows
+        )
+        if not named:
+            missing.append(path)
+    assert not missing, f"docs/architecture.md's file table has no row for {missing}"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -93,17 +94,25 @@ def _usable() -> bool:
 def machine(threads: int) -> dict[str, Any]:
     """Everything a measured choice depends on besides the block's shape, as JSON holds it: a different value is
     another file (a stale choice is never used)."""
-    import hfbert
-
     return {
         "cpu": cpu_identity(),
         "torch": torch.__version__,
-        "hfbert": hfbert.__version__,
+        "hfbert": _hfbert_version(),
         "kernels": _kernels_source(),
         "caps": environment_caps(),
         "mkl": mkl.STATE.reason,
         "threads": threads,
     }
+
+
+@functools.cache
+def _hfbert_version() -> str:
+    """The installed distribution's version, read from its metadata: importing the package from this floor would
+    be an import upward (the package root stands on the tools floor)."""
+    try:
+        return importlib.metadata.version("hfbert")
+    except importlib.metadata.PackageNotFoundError:  # a checkout run without installing it
+        return "not installed"
 
 
 @functools.cache

@@ -189,8 +189,6 @@ MEMBERS: tuple[Member, ...] = (
 )
 
 BY_MODEL_TYPE: dict[str, Member] = {row.model_type: row for row in MEMBERS}
-# config.json's model_type -> how its checkpoints name their tensors (the loader's family check reads it).
-LAYOUTS: dict[str, KeyLayout] = {row.model_type: row.key_layout for row in MEMBERS}
 
 
 def member(model_type: str) -> Member:
@@ -198,12 +196,3 @@ def member(model_type: str) -> Member:
     if model_type not in BY_MODEL_TYPE:
         raise ConfigError(f"model_type {model_type!r}: hfbert loads {', '.join(map(repr, BY_MODEL_TYPE))}")
     return BY_MODEL_TYPE[model_type]
-
-
-def member_of(model: object) -> Member:
-    """The member a model (or model class) belongs to, by its config class."""
-    config_class = getattr(model, "config_class", None)
-    for row in MEMBERS:
-        if row.config_class is config_class:
-            return row
-    raise ConfigError(f"{type(model).__name__}: not a class of any hfbert member")

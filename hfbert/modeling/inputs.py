@@ -10,6 +10,8 @@ model: shapes are still checked there.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -158,3 +160,20 @@ def _check_range(name: str, tensor: Tensor | None, limit: int, field: str) -> No
 
 def _first(flags: Tensor) -> tuple[int, ...]:
     return tuple(int(index) for index in flags.nonzero()[0])
+
+
+def check_no_token_types(keywords: dict[str, Any], member: str = "MPNet") -> None:
+    """The keywords a forward of a member without token types (MPNet, ModernBERT) takes beyond transformers' named
+    arguments: `token_type_ids` only. Without token-type embeddings, all-zero ids (what a BERT tokenizer gives one
+    text) mean nothing and are accepted; any other id would be silently dropped, so it is refused. Any other keyword
+    is refused rather than dropped unseen (`BertPreTrainedModel.accepts_loss_kwargs` keeps the Trainer from passing
+    `num_items_in_batch`)."""
+    unknown = sorted(set(keywords) - {"token_type_ids"})
+    if unknown:
+        raise TypeError(f"{member}'s forward got unexpected keyword arguments {unknown}")
+    token_type_ids = keywords.get("token_type_ids")
+    if token_type_ids is not None and bool((token_type_ids != 0).any()):
+        raise ValueError(
+            f"token_type_ids: {member} has no token types (no token_type_embeddings), but non-zero ids were given; "
+            f"pass none ({member}'s tokenizer gives none) or all zeros"
+        )

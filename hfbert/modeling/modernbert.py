@@ -45,9 +45,8 @@ from hfbert.modeling.heads import (
     _MaskedLanguageModel,
     answer_spans,
 )
-from hfbert.modeling.inputs import check_inputs, class_labels
+from hfbert.modeling.inputs import check_inputs, check_no_token_types, class_labels
 from hfbert.modeling.model import BertModel, wants_tuple
-from hfbert.modeling.mpnet import check_no_token_types
 from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnsweringOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.positions import PositionScheme, RotaryPositions

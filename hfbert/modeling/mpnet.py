@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from converters.key_map import MPNET_KEYS, KeyLayout
 from hfbert.modeling.config import MAX_SIZE, BertConfig, is_integer
 from hfbert.modeling.heads import BertForQuestionAnswering, BertForTokenClassification
+from hfbert.modeling.inputs import check_no_token_types
 from hfbert.modeling.model import BertEncoder, BertLayer, BertModel
 from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnsweringOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
@@ -175,23 +176,6 @@ class MPNetEncoder(BertEncoder):
         length = batch.shape[1] if isinstance(batch, PackedBatch) else hidden_states.shape[1]
         batch = batch.with_attention_bias(relative_position_bias(self.relative_attention_bias, length))
         return super().forward(hidden_states, batch, output_hidden_states, output_attentions)
-
-
-def check_no_token_types(keywords: dict[str, Any], member: str = "MPNet") -> None:
-    """The keywords a forward of a member without token types (MPNet, ModernBERT) takes beyond transformers' named
-    arguments: `token_type_ids` only. Without token-type embeddings, all-zero ids (what a BERT tokenizer gives one
-    text) mean nothing and are accepted; any other id would be silently dropped, so it is refused. Any other keyword
-    is refused rather than dropped unseen (`BertPreTrainedModel.accepts_loss_kwargs` keeps the Trainer from passing
-    `num_items_in_batch`)."""
-    unknown = sorted(set(keywords) - {"token_type_ids"})
-    if unknown:
-        raise TypeError(f"{member}'s forward got unexpected keyword arguments {unknown}")
-    token_type_ids = keywords.get("token_type_ids")
-    if token_type_ids is not None and bool((token_type_ids != 0).any()):
-        raise ValueError(
-            f"token_type_ids: {member} has no token types (no token_type_embeddings), but non-zero ids were given; "
-            f"pass none ({member}'s tokenizer gives none) or all zeros"
-        )
 
 
 class MPNetModel(BertModel):
