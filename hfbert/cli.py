@@ -359,6 +359,13 @@ def rerank_command(arguments: argparse.Namespace) -> None:
     )
 
 
+def serve_command(arguments: argparse.Namespace) -> int:
+    """`hfbert serve`: the model over HTTP (hfbert/serve/), until SIGTERM / SIGINT."""
+    from hfbert.serve.__main__ import run
+
+    return run(arguments)
+
+
 def fill_mask_command(arguments: argparse.Namespace) -> None:
     import json
 
@@ -859,6 +866,18 @@ def build_parser() -> argparse.ArgumentParser:
     _auto_map_option(fill_mask)
     _model_options(fill_mask)
     fill_mask.set_defaults(run=fill_mask_command, parser=fill_mask)
+
+    serve = _command(
+        commands,
+        "serve",
+        "serve a model's embeddings, reranking or sparse vectors over HTTP (TEI- and OpenAI-compatible)",
+        "hfbert serve sentence-transformers/all-MiniLM-L6-v2",
+        "hfbert serve cross-encoder/ms-marco-MiniLM-L6-v2 --port 8081 --api-key KEY",
+    )
+    from hfbert.serve.options import add_arguments as serve_arguments  # argparse only: no web framework imported
+
+    serve_arguments(serve)
+    serve.set_defaults(run=serve_command, parser=serve)
     return parser
 
 
