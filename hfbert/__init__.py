@@ -105,6 +105,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConfigError",
     "CrossEncoder",
+    "Embedder",
     "MPNetConfig",
     "ModernBertConfig",
     "ModernBertForMaskedLM",
@@ -158,7 +159,11 @@ def __getattr__(name: str):
         from hfbert.modeling import tokenizer
 
         return getattr(tokenizer, name)
-    # The retrieval jobs (reranking, sparse vectors) are tools, loaded on first use like the tokenizer.
+    # The retrieval encoders (embeddings, reranking, sparse vectors) are tools, loaded on first use like the tokenizer.
+    if name == "Embedder":
+        from hfbert.tools.embedding import Embedder
+
+        return Embedder
     if name == "CrossEncoder":
         from hfbert.tools.reranking import CrossEncoder
 

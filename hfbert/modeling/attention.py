@@ -3,7 +3,9 @@
 `multi_head_attention` takes the query, key and value projections shaped (batch, sequence, hidden) and a boolean
 `key_mask` shaped (batch, 1, 1, sequence) that is True where a key may be attended to (or None: attend
 everywhere), and optionally an additive `bias` broadcastable to (batch, heads, query, key) (MPNet's relative-position
-bias), splits the heads, attends, and merges the heads again. The kernel is one of:
+bias) and a `score_term`, a function of the split queries and keys (batch, heads, length, head_size) whose result is
+added to the scores as well (a term of query and key together, as DeBERTa's disentangled attention has); it splits the
+heads, attends, and merges the heads again. The kernel is one of:
 
 - "eager" writes the softmax out and can return the attention probabilities;
 - "sdpa" calls `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel and never
@@ -78,18 +80,23 @@ def multi_head_attention(
     dropout: float,
     implementation: str,
     bias: Tensor | None = None,
+    score_term: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(batch, sequence, hidden) projections -> (batch, sequence, hidden) context, and the probabilities
-    (batch, heads, query, key) when the implementation computes them. `bias` is added to the scaled scores."""
+    (batch, heads, query, key) when the implementation computes them. `bias` and `score_term(query, key)` (of the
+    split heads) are added to the scaled scores; the key mask applies after both."""
     batch, length, hidden = query.shape
 
     def split_heads(projected: Tensor) -> Tensor:
         return projected.view(batch, length, num_heads, hidden // num_heads).transpose(1, 2)
 
+    query, key, value = split_heads(query), split_heads(key), split_heads(value)
+    if score_term is not None:
+        # The kernels take one additive tensor: the term joins the bias (sdpa folds the key mask into it).
+        term = score_term(query, key)
+        bias = term if bias is None else bias + term
     attend = ATTENTION_IMPLEMENTATIONS[implementation]
-    context, probabilities = attend(
-        split_heads(query), split_heads(key), split_heads(value), key_mask, scale, dropout, bias
-    )
+    context, probabilities = attend(query, key, value, key_mask, scale, dropout, bias)
     context = context.transpose(1, 2)
     if torch.compiler.is_exporting():
         # The ONNX exporter decomposes sdpa into ops whose output is laid out otherwise than the kernel it traced,

@@ -9,7 +9,7 @@ Not BERT with a few differences: a different encoder, read in this order.
   then `Wo`. Layers alternate by `layer_types`: "full_attention" (every key; rotary base 160,000) and
   "sliding_attention" (keys at most `local_attention // 2` columns away, both bounds included; base 10,000). The
   window and the positions ride on the batch layout (`padding.py`), so a padding-free batch applies both within
-  each sequence;
+  each sequence, and so do the rotary tables, computed once per forward and base for every layer of it;
 - MLP: GeGLU. `Wi` projects to twice `intermediate_size`; the first half goes through the activation and is
   multiplied by the second (the gate); `Wo` projects back;
 - `final_norm` after the last layer; no pooler.
@@ -51,7 +51,7 @@ from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnswe
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.positions import PositionScheme, RotaryPositions
 from hfbert.modeling.pretrained import BertPreTrainedModel, resized_rows
-from hfbert.modeling.rotary import rotary_tables, rotate
+from hfbert.modeling.rotary import rotate
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 DEFAULT_THETAS = {FULL: 160_000.0, SLIDING: 10_000.0}
@@ -248,7 +248,7 @@ class ModernBertAttention(nn.Module):
         layout's, in its own token order."""
         leading = hidden_states.shape[:-1]
         query, key, value = self.Wqkv(hidden_states).view(*leading, 3, self.num_heads, self.head_size).unbind(-3)
-        cos, sin = rotary_tables(batch.positions, self.head_size, self.theta, query.dtype)
+        cos, sin = batch.rotary_tables(self.head_size, self.theta, query.dtype)  # one pair per forward and base
         query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         context, probabilities = batch.attend(
             query.flatten(-2),

@@ -17,20 +17,31 @@ A layout also carries the attention context of one forward, computed once and re
 - position ids in the layout's own token order (`with_positions`: (batch, sequence) padded, (tokens,) packed), for
   a scheme that acts inside attention (rotary embeddings rotate each token's query and key by its position, token
   by token, so the packed order serves the buckets as it is);
+- the rotary tables of those positions (`rotary_tables`), computed by the first layer that asks for a base and
+  dtype and read by every later one (ModernBERT's layers use two bases: one table pair each per forward);
 - a window, per layer and per call of `attend` (`window=w`: a query attends the keys at most `w` columns away, both
-  bounds included), for layers of local attention; a long sequence then runs as a band (`local_attention.py`).
+  bounds included), for layers of local attention; a long sequence then runs as a band (`local_attention.py`);
+- a score term, per call of `attend` (`score_term=term`): `term(query, key, query_positions, key_positions)`, a
+  function of the split queries and keys (batch, heads, length, head_size) and their position ids (the layout's,
+  else the column index; per bucket on the packed layout), whose (batch, heads, query, key) result is added to the
+  scaled scores before the softmax (a term of query and key together, as DeBERTa's disentangled attention has).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from hfbert.modeling import rotary
 from hfbert.modeling.attention import multi_head_attention
 from hfbert.modeling.local_attention import banded_attention
+
+# term(query, key, query_positions, key_positions) -> (batch, heads, query, key), added to the scaled scores.
+ScoreTerm = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 # A bucket holds sequences at least this fraction as long as its longest, bounding the padding inside it.
 BUCKET_FILL = 0.75
@@ -149,6 +160,31 @@ def masked_bias(bias: Tensor, key_mask: Tensor | None) -> Tensor:
     return bias.masked_fill(~key_mask, torch.finfo(bias.dtype).min)
 
 
+def cached_rotary_tables(
+    tables: dict, positions: Tensor | None, head_size: int, theta: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """The rotary tables of `positions` for one base and dtype from `tables` (a layout's, one forward's), computed
+    there on the first request: every layer of the same base then reads the same pair."""
+    if positions is None:
+        raise ValueError("rotary_tables needs the layout's position ids: call with_positions first")
+    key = (head_size, float(theta), dtype)
+    if key not in tables:
+        tables[key] = rotary.rotary_tables(positions, head_size, theta, dtype)
+    return tables[key]
+
+
+def bound_score_term(
+    score_term: ScoreTerm | None, positions: Tensor | None, length: int, device: torch.device
+) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """`score_term` with the query and key positions of one attention call filled in (self-attention: the same):
+    `positions` (batch or 1, length), else the column index."""
+    if score_term is None:
+        return None
+    if positions is None:
+        positions = torch.arange(length, device=device)[None]
+    return lambda query, key: score_term(query, key, positions, positions)
+
+
 @dataclass
 class PaddedBatch:
     """The dense layout: (batch, sequence, hidden) with a boolean key mask (batch, 1, 1, sequence) or None."""
@@ -156,8 +192,9 @@ class PaddedBatch:
     key_mask: Tensor | None
     implementation: str  # the attention kernel, "sdpa" or "eager"
     attention_bias: Tensor | None = None  # (1, heads, sequence, sequence), added to every row's scores
-    zeroed: Tensor | None = None  # (batch, sequence, 1) bool: positions `unpack` sets to zero (`padding_free_zeros`)
+    zeroed: Tensor | None = None  # (batch, sequence, 1) bool: positions `unpack` sets to zero (`zeroed_pads`)
     positions: Tensor | None = None  # position ids (batch or 1, sequence), for attention that reads them
+    tables: dict = field(default_factory=dict, repr=False)  # rotary tables of `positions`, by head size, base, dtype
 
     def embedding_inputs(self, *inputs: Tensor | None) -> tuple[Tensor | None, ...]:
         return inputs
@@ -168,17 +205,36 @@ class PaddedBatch:
 
     def with_positions(self, position_ids: Tensor) -> PaddedBatch:
         """This layout with the call's position ids, (sequence,) or (batch, sequence), for attention to read."""
-        return replace(self, positions=position_ids if position_ids.dim() == 2 else position_ids[None])
+        return replace(self, positions=position_ids if position_ids.dim() == 2 else position_ids[None], tables={})
+
+    def rotary_tables(self, head_size: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of the layout's positions (`rotary.rotary_tables`), computed once per forward and base."""
+        return cached_rotary_tables(self.tables, self.positions, head_size, theta, dtype)
 
     def attend(
-        self, query: Tensor, key: Tensor, value: Tensor, window: int | None = None, **options
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        window: int | None = None,
+        score_term: ScoreTerm | None = None,
+        **options,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention over (batch, sequence, hidden) projections; `window`: keys at most that many columns away."""
-        if as_band(query.shape[1], window, self.implementation, self.attention_bias):
+        """Attention over (batch, sequence, hidden) projections; `window`: keys at most that many columns away;
+        `score_term`: a term of queries and keys added to the scores (`ScoreTerm`), at the layout's positions."""
+        length = query.shape[1]
+        if score_term is None and as_band(length, window, self.implementation, self.attention_bias):
             return banded_attention(query, key, value, self.key_mask, window, **options), None
-        key_mask, bias = windowed(self.key_mask, self.attention_bias, query.shape[1], window, query.device)
+        key_mask, bias = windowed(self.key_mask, self.attention_bias, length, window, query.device)
         return multi_head_attention(
-            query, key, value, key_mask, implementation=self.implementation, bias=bias, **options
+            query,
+            key,
+            value,
+            key_mask,
+            implementation=self.implementation,
+            bias=bias,
+            score_term=bound_score_term(score_term, self.positions, length, query.device),
+            **options,
         )
 
     def unpack(self, hidden_states: Tensor) -> Tensor:
@@ -205,9 +261,11 @@ class PackedBatch:
 
     bucket_biases: tuple[Tensor, ...] | None = None  # each bucket's attention bias, its key mask folded in
     positions: Tensor | None = None  # (tokens,) position ids in packed order, for attention that reads them
+    tables: dict  # rotary tables of `positions`, by head size, base and dtype
 
     def __init__(self, attention_mask: Tensor, implementation: str = "sdpa") -> None:
         self.implementation = implementation
+        self.tables = {}
         real = attention_mask != 0
         self.shape = tuple(real.shape)
         self.token_index = real.flatten().nonzero().squeeze(1)
@@ -262,7 +320,12 @@ class PackedBatch:
         packed into token order for attention to read."""
         positioned = copy.copy(self)
         positioned.positions = self.pack(position_ids.expand(self.shape))
+        positioned.tables = {}
         return positioned
+
+    def rotary_tables(self, head_size: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of the layout's positions (`rotary.rotary_tables`), computed once per forward and base."""
+        return cached_rotary_tables(self.tables, self.positions, head_size, theta, dtype)
 
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, sequence, ...), zeros at pad positions."""
@@ -272,20 +335,36 @@ class PackedBatch:
         return padded.view(batch, sequence, *packed.shape[1:])
 
     def attend(
-        self, query: Tensor, key: Tensor, value: Tensor, window: int | None = None, **options
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        window: int | None = None,
+        score_term: ScoreTerm | None = None,
+        **options,
     ) -> tuple[Tensor, None]:
-        """Attention over (tokens, hidden) projections, bucket by bucket; `window` as `PaddedBatch.attend`."""
+        """Attention over (tokens, hidden) projections, bucket by bucket; `window` and `score_term` as
+        `PaddedBatch.attend`, the term called per bucket with the bucket's positions."""
         outputs = []
         for index, bucket in enumerate(self.buckets):
             bias = None if self.bucket_biases is None else self.bucket_biases[index]
             key_mask = bucket.key_mask if bias is None else None
             inputs = query[bucket.gather], key[bucket.gather], value[bucket.gather]
-            if as_band(bucket.real.shape[1], window, self.implementation, bias):
+            length = bucket.real.shape[1]
+            if score_term is None and as_band(length, window, self.implementation, bias):
                 context = banded_attention(*inputs, key_mask, window, **options)
             else:
-                key_mask, bias = windowed(key_mask, bias, bucket.real.shape[1], window, query.device)
+                key_mask, bias = windowed(key_mask, bias, length, window, query.device)
+                # A bucket's sequences start at its column 0, so the column index serves when there are no positions;
+                # a pad slot reads some token's position, but its key is masked and its query's output dropped.
+                positions = None if self.positions is None or score_term is None else self.positions[bucket.gather]
                 context, _ = multi_head_attention(
-                    *inputs, key_mask, implementation=self.implementation, bias=bias, **options
+                    *inputs,
+                    key_mask,
+                    implementation=self.implementation,
+                    bias=bias,
+                    score_term=bound_score_term(score_term, positions, length, query.device),
+                    **options,
                 )
             outputs.append(context[bucket.real])
         return torch.cat(outputs)[self.restore], None

@@ -218,10 +218,10 @@ class Engine:
         raise ValueError(f"unknown operation {operation!r}; expected embed, rerank, sparse or (multi, outputs)")
 
     def embed(self, texts: list[str]) -> Tensor:
-        self.encoder.batch_size = max(1, len(texts))  # the batcher has sized the batch by tokens already
+        batch_size = max(1, len(texts))  # the batcher has sized the batch by tokens already: one model call
         if self.task == "m3":
-            return self.encoder.embed_m3(texts, outputs=("dense",))["dense_vecs"]
-        return self.encoder.embed(texts)
+            return self.encoder.embed_m3(texts, outputs=("dense",), batch_size=batch_size)["dense_vecs"]
+        return self.encoder.encode(texts, batch_size=batch_size, convert_to_tensor=True)
 
     def logits(self, pairs: list[tuple[str, str]]) -> Tensor:
         scores = self.encoder.predict(
@@ -239,8 +239,7 @@ class Engine:
         dimension) tensor."""
         from hfbert.tools.bge_m3 import RESULT_KEYS
 
-        self.encoder.batch_size = max(1, len(texts))
-        result = self.encoder.embed_m3(texts, outputs=tuple(outputs))
+        result = self.encoder.embed_m3(texts, outputs=tuple(outputs), batch_size=max(1, len(texts)))
         answers: list[dict[str, Any]] = [{} for _ in texts]
         for name in outputs:
             for answer, value in zip(answers, result[RESULT_KEYS[name]], strict=True):

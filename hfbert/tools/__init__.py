@@ -9,6 +9,8 @@
 - `progress.py`: progress on stderr, a bar on a terminal and lines in a log;
 - `extras.py`: optional dependencies, imported with one clear error when missing;
 - `sentence_transformers_backbone.py`: hfbert as the encoder of a `SentenceTransformer`;
+- `retrieval.py`: the retrieval encoders' one base (folder, tokenizer, model, `LoadOptions`, length-sorted batches
+  in input order) under `Embedder`, `CrossEncoder`, `SparseEncoder`;
 - `reranking.py`: `CrossEncoder` and `hfbert rerank`; `sparse.py`: `SparseEncoder` and `embed --sparse`;
   `bge_m3.py`: bge-m3's dense, lexical and ColBERT outputs; `head_checkpoint.py`: what they share (the folder,
   its head model, the input length).

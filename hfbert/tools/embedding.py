@@ -1,18 +1,21 @@
 """Text embeddings with hfbert, as the checkpoint's sentence-transformers pipeline computes them, streamed: from a
 file of any size (or standard input) to a `.npy` or `.jsonl` file, in input order.
 
-    >>> from hfbert.tools.embedding import Embedder
+    >>> from hfbert import Embedder
     >>> embedder = Embedder("sentence-transformers/all-MiniLM-L6-v2")  # doctest: +SKIP
     >>> embedder.pipeline.describe()  # doctest: +SKIP
     'sentence-transformers (modules.json): Transformer(max_seq_length=256) -> Pooling(mean) -> Normalize'
-    >>> embedder.embed(["A first text.", "Another one."]).shape  # doctest: +SKIP
-    torch.Size([2, 384])
+    >>> embedder.encode(["A first text.", "Another one."]).shape  # doctest: +SKIP
+    (2, 384)
 
 What is computed: by default `Embedder` gives what `SentenceTransformer(MODEL).encode(texts)` gives, element for
 element: the checkpoint's pipeline as `hfbert.tools.sentence_transformers_pipeline` reads it (mean pooling for a
 checkpoint without sentence-transformers files). `pooling`, `normalize`, `max_length`, `prompt` / `prompt_name`
 override the checkpoint's choices; `Embedder.pipeline.describe()` says what runs (`hfbert embed` prints it).
-tests/test_embed_pipeline.py compares with sentence-transformers' `encode`.
+`encode_query` / `encode_document` prepend the folder's "query" / "document" prompt, a prompt per call, as
+sentence-transformers 6 does; `embed` is `encode` returning a tensor. The folder, tokenizer, load options and
+length-sorted batching are the retrieval encoders' base (`hfbert.tools.retrieval`). tests/test_embed_pipeline.py
+and tests/test_retrieval_encoder.py compare with sentence-transformers' `encode`, `encode_query`, `encode_document`.
 `Embedder.embed_m3` gives BAAI/bge-m3's dense, lexical and ColBERT outputs from the same pass, as FlagEmbedding's
 `BGEM3FlagModel.encode` (`hfbert.tools.bge_m3`).
 
@@ -28,34 +31,32 @@ same file a single process writes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy
 import torch
 from torch import Tensor
 
-from converters.dtypes import DTYPES
 from hfbert.tools.bge_m3 import OUTPUTS as M3_OUTPUTS
 from hfbert.tools.bge_m3 import RESULT_KEYS, M3Heads, load_m3_heads, parse_outputs
 from hfbert.tools.embedding_output import output_kind, write_in_input_order
-from hfbert.tools.head_checkpoint import resolve_folder
+from hfbert.tools.retrieval import LoadOptions, QueryDocumentPrompts, RetrievalEncoder, progress_bar
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, SentenceModules
 from hfbert.tools.sentence_transformers_pipeline import checkpoint_prompts, prompt_text, read_pipeline
-from hfbert.tools.texts import check_texts, read_texts
+from hfbert.tools.texts import read_texts
 
 CHUNK_SIZE = 10_000
 __all__ = ["CHUNK_SIZE", "Embedder", "embed_file", "output_kind", "read_texts"]
 
 
-class Embedder:
+class Embedder(QueryDocumentPrompts, RetrievalEncoder):
     """A checkpoint's encoder, tokenizer and sentence-transformers pipeline, turning lists of texts into
-    (texts, dimension) float32 embeddings. `pooling`, `normalize`, `max_length`, `prompt` / `prompt_name`: None
-    keeps the checkpoint's choice (see the module docstring). `revision`, `cache_dir`, `token`: for a Hub repo id.
-    `quantize="int8"`: int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`).
-    `precision="bf16"`: the encoder's products in bf16, the rest in fp32, on CPUs that compute bf16 natively (faster,
-    lossy: `hfbert/inference/bf16.py`); "high": the fast fp32 mode (`hfbert/inference/fused.py`).
-    `ignore_auto_map=True`: load a checkpoint whose config.json points to custom code as plain BERT (you know its
-    weights are)."""
+    (texts, dimension) float32 embeddings (`encode`, `encode_query`, `encode_document`, as sentence-transformers').
+    `pooling`, `normalize`, `prompt` / `prompt_name` (the default prompt of every call), `max_length`: None keeps
+    the checkpoint's choice (see the module docstring). `batch_size`: texts per model call by default. The load
+    options (`device`, `dtype`, `quantize`, `precision`, `max_length`, `ignore_auto_map`, `revision`, `cache_dir`,
+    `token`) are `hfbert.tools.retrieval.LoadOptions`' fields: given as keywords, or as one `options` value."""
 
     def __init__(
         self,
@@ -64,55 +65,36 @@ class Embedder:
         pooling: str | Sequence[str] | None = None,
         normalize: bool | None = None,
         batch_size: int = 32,
-        max_length: int | None = None,
-        device: str = "cpu",
-        dtype: str | torch.dtype | None = None,
-        quantize: str | None = None,
-        precision: str = "highest",
         prompt: str | None = None,
         prompt_name: str | None = None,
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        ignore_auto_map: bool = False,
+        options: LoadOptions | None = None,
+        **load_options: Any,
     ) -> None:
-        from hfbert.inference import optimize_for_inference
-        from hfbert.modeling.auto import AutoModel
-        from hfbert.modeling.tokenizer import AutoTokenizer
-
         modes = None if pooling is None else (pooling,) if isinstance(pooling, str) else tuple(pooling)
         if modes is not None and (not modes or any(mode not in POOLINGS for mode in modes)):
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or a list of them), not {pooling!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        _check_batch_size(batch_size)
         if prompt is not None and prompt_name is not None:
             raise ValueError("give a prompt or a prompt name, not both")
-        self.directory = directory = resolve_folder(model_path, revision, cache_dir, token)
-        self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        self.model = AutoModel.from_pretrained(  # the family's encoder: BertModel, XLMRobertaModel, ...
-            directory,
-            device=device,
-            dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype,
-            add_pooling_layer=False,
-            ignore_auto_map=ignore_auto_map,
-        )
-        # Inference only, so the weights are packed (fp32: the same numbers as unpacked, within hfbert's contract;
-        # a no-op off x86 CPUs) or, when asked, quantized to int8 or run in bf16.
-        optimize_for_inference(self.model, quantize=quantize, precision=precision)
+        super().__init__(model_path, LoadOptions.of(options, load_options))
+        self._load_tokenizer()
+        self._load_model(None)  # the family's encoder: BertModel, XLMRobertaModel, ...
         config = self.model.config
         limit = config.max_sequence_length  # RoBERTa's: max_position_embeddings - pad_token_id - 1
-        self.pipeline = read_pipeline(directory, config.hidden_size, limit, self.tokenizer.model_max_length)
-        if self.pipeline.do_lower_case:  # inside the tokenizer, after special tokens, as sentence-transformers 6
-            self.tokenizer.lowercase_first()
-        self._override(modes, normalize, max_length, limit, prompt, prompt_name, directory)
+        self.pipeline = read_pipeline(self.directory, config.hidden_size, limit, self.tokenizer.model_max_length)
+        self._lowercase(self.pipeline.do_lower_case)
+        self.prompts: dict[str, Any] = (
+            self.pipeline.prompts if self.pipeline.prompts is not None else checkpoint_prompts(self.directory)[0]
+        )
+        self._override(modes, normalize, self.options.max_length, limit, prompt, prompt_name)
         self.batch_size = batch_size
         self.max_length = self.pipeline.max_length
-        self.prompt_length = self.pipeline.modules.pooling.prompt_length = self._prompt_length()
+        self.prompt_length = self.pipeline.modules.pooling.prompt_length = self._prompt_length(self.pipeline.prompt)
         self.dimension = self.pipeline.modules.dimension
         self.pipeline.modules.to(self.model.device)
         self._m3_heads: M3Heads | None = None
 
-    def _override(self, modes, normalize, max_length, limit, prompt, prompt_name, directory) -> None:
+    def _override(self, modes, normalize, max_length, limit, prompt, prompt_name) -> None:
         pipeline = self.pipeline
         if modes is not None and modes != pipeline.pooling:
             dense = next((module for module in pipeline.modules if isinstance(module, Dense)), None)
@@ -135,21 +117,28 @@ class Embedder:
             if max_length != pipeline.max_length:
                 pipeline.max_length = max_length
                 pipeline.overrides.append(f"max_length {max_length}")
-        if prompt_name is not None:
-            prompts = pipeline.prompts if pipeline.prompts is not None else checkpoint_prompts(directory)[0]
-            if prompt_name not in prompts:
-                names = ", ".join(map(repr, prompts)) or "none"
-                raise ValueError(f"prompt name {prompt_name!r} is not in the checkpoint's prompts ({names})")
-            prompt = prompt_text(prompts, prompt_name, directory) or ""
+        prompt = self._prompt(prompt, prompt_name)
         if prompt is not None and (prompt or None) != pipeline.prompt:
             pipeline.prompt = prompt or None
             pipeline.overrides.append(f"prompt {prompt!r}")
 
-    def _prompt_length(self) -> int:
-        """How many leading tokens the prompt takes (its trailing [SEP] not counted), when pooling leaves it out."""
-        if not self.pipeline.prompt or self.pipeline.include_prompt:
+    def _prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """The text `prompt` / `prompt_name` (the folder's prompt of that name) put before every text; None where
+        neither is given (the embedder's default prompt applies)."""
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("give a prompt or a prompt name, not both")
+        if prompt_name is None:
+            return prompt
+        if prompt_name not in self.prompts:
+            names = ", ".join(map(repr, self.prompts)) or "none"
+            raise ValueError(f"prompt name {prompt_name!r} is not in the checkpoint's prompts ({names})")
+        return prompt_text(self.prompts, prompt_name, self.directory) or ""
+
+    def _prompt_length(self, prompt: str | None) -> int:
+        """How many leading tokens `prompt` takes (its trailing [SEP] not counted), when pooling leaves it out."""
+        if not prompt or self.pipeline.include_prompt:
             return 0
-        ids = self.tokenizer(self.pipeline.prompt, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self.tokenizer(prompt, truncation=True, max_length=self.max_length)["input_ids"]
         special = {self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id}
         special |= {self.tokenizer.unk_token_id, self.tokenizer.mask_token_id}
         return len(ids) - (ids[-1] in special)
@@ -162,22 +151,61 @@ class Embedder:
     def normalize(self) -> bool:
         return self.pipeline.normalize
 
+    def _embeddings(self, batch: Any) -> Tensor:
+        """The inference step: a tokenized batch's embeddings, (batch, dimension) float32 on the CPU."""
+        hidden = self.model(**batch, return_dict=True).last_hidden_state
+        return self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
+
     @torch.no_grad()
+    def encode(
+        self,
+        texts: Sequence[str] | str,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: Any = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+    ) -> Any:
+        """Embeddings of `texts`, in their order, as sentence-transformers' `encode`: a (texts, dimension) float32
+        numpy array by default, one tensor with `convert_to_tensor=True`, a list of (dimension,) tensors with
+        `convert_to_numpy=False`; one text (a str) gives one vector. `prompt` / `prompt_name` (the folder's prompt
+        of that name): the text put before each text in this call (None for both: the embedder's default prompt).
+        `batch_size` None: the embedder's. Longest texts are batched together first, as sentence-transformers does.
+        `show_progress_bar`: a flag, or a bar (anything with `update(n)`) to advance by each batch's size."""
+        single = isinstance(texts, str)  # one text, not a sequence of one-character texts
+        texts = [texts] if single else texts
+        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        text = self._prompt(prompt, prompt_name)
+        prefix = (self.pipeline.prompt if text is None else text) or ""
+        pooling = self.pipeline.modules.pooling
+        pooling.prompt_length = self.prompt_length if text is None else self._prompt_length(text)
+        try:
+            with progress_bar(show_progress_bar, len(texts), "embed", "text") as bar:
+                rows = self._in_order(self._embeddings, texts, prefix=prefix, batch_size=batch_size, progress=bar)
+        finally:
+            pooling.prompt_length = self.prompt_length
+        if convert_to_tensor:
+            result: Any = torch.stack(rows) if rows else torch.empty(0, self.dimension, dtype=torch.float32)
+        elif convert_to_numpy:
+            result = torch.stack(rows).numpy() if rows else numpy.empty((0, self.dimension), dtype=numpy.float32)
+        else:
+            result = rows
+        return result[0] if single else result
+
     def embed(self, texts: Sequence[str] | str, progress: Any = None) -> Tensor:
-        """Embeddings of `texts`, in their order: a (texts, dimension) float32 tensor; one text (a str) gives one
-        (dimension,) vector, as sentence-transformers' `encode`. Longest texts are batched together first, as
-        sentence-transformers does. `progress`: anything with `update(n)` (a tqdm bar) to advance by each batch's
-        size."""
-        if isinstance(texts, str):  # one text, not a sequence of one-character texts
-            return self.embed([texts], progress)[0]
-        result = torch.empty(len(texts), self.dimension, dtype=torch.float32)
-        for indices, batch, hidden in self._encoded(texts, progress):
-            result[indices] = self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
-        return result
+        """`encode(texts, convert_to_tensor=True)` with the embedder's prompt: a (texts, dimension) float32 tensor,
+        one (dimension,) vector for one text. `progress`: anything with `update(n)` (a tqdm bar) to advance by each
+        batch's size."""
+        return self.encode(texts, show_progress_bar=progress, convert_to_tensor=True)
 
     @torch.no_grad()
     def embed_m3(
-        self, texts: Sequence[str] | str, outputs: str | Sequence[str] = M3_OUTPUTS, progress: Any = None
+        self,
+        texts: Sequence[str] | str,
+        outputs: str | Sequence[str] = M3_OUTPUTS,
+        progress: Any = None,
+        batch_size: int | None = None,
     ) -> dict[str, Any]:
         """BAAI/bge-m3's outputs of `texts` from one encoder pass, as FlagEmbedding's `BGEM3FlagModel.encode(texts,
         return_dense=..., return_sparse=..., return_colbert_vecs=...)` returns them (`hfbert.tools.bge_m3`), under
@@ -187,33 +215,32 @@ class Embedder:
         list or comma-separated. Texts are truncated at `max_length`, the folder's (8,192 for bge-m3), where
         FlagEmbedding truncates at 512 by default: give `Embedder(..., max_length=512)` for its numbers on longer
         texts. One text (a str) gives each output of that text alone (a (dimension,) vector, one dict, one tensor),
-        as FlagEmbedding does. The sparse and ColBERT layers are read on first use (`m3_heads`)."""
+        as FlagEmbedding does. The sparse and ColBERT layers are read on first use (`m3_heads`). `batch_size` None:
+        the embedder's."""
         if isinstance(texts, str):  # one text, not a sequence of one-character texts
-            result = self.embed_m3([texts], outputs, progress)
+            result = self.embed_m3([texts], outputs, progress, batch_size)
             return {key: None if value is None else value[0] for key, value in result.items()}
         names = parse_outputs(outputs)
         heads = self.m3_heads if {"sparse", "colbert"} & set(names) else None
+
+        def step(batch: Any) -> list[tuple[Any, ...]]:  # bge-m3's inference step: each asked output, per text
+            hidden, mask = self.model(**batch, return_dict=True).last_hidden_state, batch["attention_mask"]
+            columns = {
+                "dense": lambda: self.pipeline.modules(hidden, mask).cpu(),
+                "sparse": lambda: heads.lexical_weights(hidden, mask, batch["input_ids"]),
+                "colbert": lambda: heads.colbert_vectors(hidden, mask),
+            }
+            return list(zip(*(columns[name]() for name in names), strict=True))
+
+        prefix = self.pipeline.prompt or ""
+        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        rows = self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=progress)
         result: dict[str, Any] = dict.fromkeys(RESULT_KEYS.values())
-        dense = torch.empty(len(texts), self.dimension, dtype=torch.float32) if "dense" in names else None
-        sparse: list[Any] = [None] * len(texts)
-        colbert: list[Any] = [None] * len(texts)
-        for indices, batch, hidden in self._encoded(texts, progress):
-            mask = batch["attention_mask"]
-            if dense is not None:
-                dense[indices] = self.pipeline.modules(hidden, mask).cpu()
-            if "sparse" in names:
-                for index, weights in zip(
-                    indices, heads.lexical_weights(hidden, mask, batch["input_ids"]), strict=True
-                ):
-                    sparse[index] = weights
-            if "colbert" in names:
-                for index, vectors in zip(indices, heads.colbert_vectors(hidden, mask), strict=True):
-                    colbert[index] = vectors
-        result[RESULT_KEYS["dense"]] = dense
-        if "sparse" in names:
-            result[RESULT_KEYS["sparse"]] = sparse
-        if "colbert" in names:
-            result[RESULT_KEYS["colbert"]] = colbert
+        for column, name in enumerate(names):
+            result[RESULT_KEYS[name]] = [row[column] for row in rows]
+        if "dense" in names:
+            dense = result[RESULT_KEYS["dense"]]
+            result[RESULT_KEYS["dense"]] = torch.stack(dense) if dense else torch.empty(0, self.dimension)
         return result
 
     @property
@@ -226,25 +253,11 @@ class Embedder:
             )
         return self._m3_heads
 
-    def _encoded(self, texts: Sequence[str], progress: Any) -> Iterator[tuple[list[int], Any, Tensor]]:
-        """(indices into `texts`, their tokenized batch, the encoder's last hidden states), batch by batch, longest
-        texts first."""
-        check_texts(texts)  # each named by its place in `texts`, not in a length-sorted batch (once: `CheckedTexts`)
-        order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
-        prompt = self.pipeline.prompt or ""
-        for start in range(0, len(order), self.batch_size):
-            indices = order[start : start + self.batch_size]
-            batch = self.tokenizer(
-                [prompt + texts[index] for index in indices],
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_attention_mask=True,  # pooling needs it, even where model_input_names leaves it out
-                return_tensors="pt",
-            ).to(self.model.device)
-            yield indices, batch, self.model(**batch, return_dict=True).last_hidden_state
-            if progress is not None:
-                progress.update(len(indices))
+
+def _check_batch_size(batch_size: int) -> int:
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    return batch_size
 
 
 def embed_file(

@@ -21,7 +21,6 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,45 +28,16 @@ import torch
 
 from converters.dtypes import DTYPES
 from converters.errors import CheckpointError
-from converters.json_files import read_json, read_json_object
-from hfbert.tools.sentence_transformers_pipeline import PROMPTS_FILE, checkpoint_prompts, prompt_text
-
-MODULES_FILE = "modules.json"
-TRANSFORMER_CONFIG = "sentence_bert_config.json"
-# The packages sentence-transformers' module types live in, in every release that wrote them: 2.x-4.x
-# (`sentence_transformers.models`), 5.x (`sentence_transformers.sparse_encoder.models`, `cross_encoder.*`) and
-# 6.x (`sentence_transformers.base.modules`, `sentence_transformers.sparse_encoder.modules`, ...).
-MODULE_PACKAGES = (
-    "sentence_transformers.models",
-    "sentence_transformers.base.",
-    "sentence_transformers.sentence_transformer.",
-    "sentence_transformers.sparse_encoder.",
-    "sentence_transformers.cross_encoder.",
+from converters.json_files import read_json_object
+from hfbert.tools.sentence_transformers_pipeline import (
+    MODULES_FILE,
+    PROMPTS_FILE,
+    FolderSettings,
+    prompt_text,
+    read_folder,
 )
+
 __all__ = ["FolderSettings", "held_warnings", "load_head_model", "read_folder_settings", "resolve_folder"]
-
-
-@dataclass
-class Module:
-    """One modules.json entry: the class name of its type, the type as written, and its folder."""
-
-    name: str
-    type: str
-    folder: Path
-
-
-@dataclass
-class FolderSettings:
-    """What a folder's sentence-transformers files say for one job (see the module docstring). `modules` is None
-    where the job builds its default modules (no modules.json of its class)."""
-
-    modules: list[Module] | None = None
-    max_seq_length: int | None = None
-    do_lower_case: bool = False
-    transformer: dict[str, Any] = field(default_factory=dict)  # sentence_bert_config.json
-    model_config: dict[str, Any] = field(default_factory=dict)  # config_sentence_transformers.json
-    prompts: dict[str, Any] = field(default_factory=dict)
-    default_prompt_name: str | None = None
 
 
 def resolve_folder(
@@ -94,46 +64,12 @@ def resolve_folder(
 
 def read_folder_settings(directory: Path, model_type: str) -> FolderSettings:
     """The sentence-transformers files of `directory` as the class `model_type` ("CrossEncoder", "SparseEncoder")
-    reads them; ValueError naming the file and field for a malformed one."""
-    modules_file = directory / MODULES_FILE
+    reads them (`read_folder`); ValueError naming the file and field for a malformed one."""
     model_config = read_json_object(directory / PROMPTS_FILE, missing_ok=True)
     # As sentence-transformers: a folder without a model_type was written by SentenceTransformer.
-    if not modules_file.is_file() or model_config.get("model_type", "SentenceTransformer") != model_type:
+    if not (directory / MODULES_FILE).is_file() or model_config.get("model_type", "SentenceTransformer") != model_type:
         return FolderSettings()
-    entries = read_json(modules_file)
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
-    modules = [_module(entry, modules_file, directory) for entry in entries]
-    transformer = read_json_object(directory / TRANSFORMER_CONFIG, missing_ok=True)
-    length = transformer.get("max_seq_length")
-    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
-        raise ValueError(f"{directory / TRANSFORMER_CONFIG}: max_seq_length {length!r}; expected a positive integer")
-    prompts, default = checkpoint_prompts(directory)
-    if default is not None and default not in prompts:
-        raise ValueError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not in prompts")
-    return FolderSettings(
-        modules=modules,
-        max_seq_length=length,
-        do_lower_case=bool(transformer.get("do_lower_case")),  # by truthiness, as sentence-transformers' `if`
-        transformer=transformer,
-        model_config=model_config,
-        prompts=prompts,
-        default_prompt_name=default,
-    )
-
-
-def _module(entry: Any, modules_file: Path, directory: Path) -> Module:
-    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
-        raise ValueError(f"{modules_file}: each entry must be an object with a string 'type', got {entry!r}")
-    module_type = entry["type"]
-    package, _, name = module_type.rpartition(".")
-    folder = entry.get("path", "")
-    if not isinstance(folder, str) or Path(folder).is_absolute() or ".." in Path(folder).parts:
-        raise ValueError(
-            f"{modules_file}: module {module_type!r} has path {folder!r}; expected a folder inside the checkpoint"
-        )
-    # A type outside sentence-transformers is custom code, which hfbert never runs: no class name of it is trusted.
-    return Module(name if package.startswith(MODULE_PACKAGES) else module_type, module_type, directory / folder)
+    return read_folder(directory)
 
 
 def prompt_of(settings: FolderSettings, directory: Path, prompt: str | None, prompt_name: str | None) -> str:

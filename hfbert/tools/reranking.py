@@ -28,7 +28,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import closing, nullcontext
+from contextlib import closing
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from converters.json_files import read_json_object
-from hfbert.tools.head_checkpoint import input_length, load_head_model, prompt_of, read_folder_settings, resolve_folder
+from hfbert.tools.head_checkpoint import input_length, prompt_of, read_folder_settings
+from hfbert.tools.retrieval import LoadOptions, RetrievalEncoder, progress_bar
 from hfbert.tools.sentence_transformers_pipeline import ACTIVATIONS, PROMPTS_FILE
 from hfbert.tools.texts import CheckedTexts, check_unicode, is_checked
 
@@ -45,33 +46,25 @@ CHUNK_SIZE = 10_000  # documents read and scored at once by `rank_file`
 __all__ = ["CHUNK_SIZE", "CrossEncoder", "default_activation", "rank_file"]
 
 
-class CrossEncoder:
+class CrossEncoder(RetrievalEncoder):
     """A cross-encoder checkpoint (a local folder or Hub repo id with a classification head) scoring text pairs as
-    sentence-transformers' `CrossEncoder` does (see the module docstring). `max_length`: tokens per pair (default:
-    the folder's); `activation_fn`: replaces the folder's default activation; `quantize="int8"`: the encoder in int8
-    weights and activations (faster, lossy: `hfbert/inference/int8.py`; the logits' own product stays fp32);
-    `precision="bf16"`: the encoder's products in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`).
-    `revision`, `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose config.json
-    points to custom code as plain BERT."""
+    sentence-transformers' `CrossEncoder` does (see the module docstring). `activation_fn`: replaces the folder's
+    default activation. The load options (`hfbert.tools.retrieval.LoadOptions`, as keywords or one `options`):
+    `max_length` tokens per pair (default: the folder's); `quantize="int8"` the encoder in int8 weights and
+    activations (faster, lossy: `hfbert/inference/int8.py`; the logits' own product stays fp32); `precision="bf16"`
+    the encoder's products in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`); `device`,
+    `dtype`, `revision`, `cache_dir`, `token`, `ignore_auto_map`."""
 
     def __init__(
         self,
         model_path: str | os.PathLike,
         *,
-        max_length: int | None = None,
         activation_fn: Callable[[Tensor], Tensor] | None = None,
-        device: str = "cpu",
-        dtype: str | torch.dtype | None = None,
-        quantize: str | None = None,
-        precision: str = "highest",
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        ignore_auto_map: bool = False,
+        options: LoadOptions | None = None,
+        **load_options: Any,
     ) -> None:
-        from hfbert.modeling.tokenizer import AutoTokenizer
-
-        self.directory = directory = resolve_folder(model_path, revision, cache_dir, token)
+        super().__init__(model_path, LoadOptions.of(options, load_options))
+        directory = self.directory
         self.settings = settings = read_folder_settings(directory, "CrossEncoder")
         if settings.modules is not None:
             names = [module.name for module in settings.modules]
@@ -86,20 +79,12 @@ class CrossEncoder:
                     f"{directory / 'sentence_bert_config.json'}: transformer_task {task!r}; a cross-encoder "
                     f"scores pairs with a sequence-classification head"
                 )
-        self.model = load_head_model(
-            directory,
-            "sequence-classification",
-            device=device,
-            dtype=dtype,
-            quantize=quantize,
-            precision=precision,
-            ignore_auto_map=ignore_auto_map,
-        )
-        self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        if settings.do_lower_case:
-            self.tokenizer.lowercase_first()
+        self._load_model("sequence-classification")
+        self._load_tokenizer()
+        self._lowercase(settings.do_lower_case)
         self.num_labels: int = self.model.config.num_labels
-        self.max_length = input_length(settings, self.tokenizer, self.model.config.max_sequence_length, max_length)
+        limit = self.model.config.max_sequence_length
+        self.max_length = input_length(settings, self.tokenizer, limit, self.options.max_length)
         if activation_fn is None:
             activation_fn, self.activation_source = default_activation(
                 directory, settings.model_config, self.num_labels
@@ -107,10 +92,6 @@ class CrossEncoder:
         else:
             self.activation_source = "given"
         self.activation_fn = activation_fn
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     def describe(self) -> str:
         """One line: the model, its labels, length and activation, and where the activation came from."""
@@ -169,37 +150,21 @@ class CrossEncoder:
     ) -> list[Tensor]:
         """One score tensor per pair, in input order; the longest pairs are batched first. `show_progress_bar`: a
         flag (a bar of these pairs), or a bar to advance by each batch (`rank_file`'s, over all its chunks)."""
-        from hfbert.tools.progress import Progress
 
-        order = sorted(range(len(firsts)), key=lambda index: -(len(firsts[index]) + len(seconds[index])))
-        scores: list[Tensor | None] = [None] * len(firsts)
-        own = not hasattr(show_progress_bar, "update")
-        bar = Progress(len(firsts), "rerank", "pair", enabled=bool(show_progress_bar)) if own else show_progress_bar
-        with closing(bar) if own else nullcontext():
-            for start in range(0, len(order), batch_size):
-                indices = order[start : start + batch_size]
-                batch = self.tokenizer(
-                    [prefix + firsts[index] for index in indices],
-                    [seconds[index] for index in indices],
-                    padding=True,
-                    truncation="longest_first",
-                    max_length=self.max_length,
-                    return_attention_mask=True,
-                    return_tensors="pt",
-                ).to(self.device)
-                logits = self.model(**batch, return_dict=True).logits
-                if logits.is_floating_point() and torch.finfo(logits.dtype).bits < 32:
-                    logits = logits.float()  # as sentence-transformers: bf16 ties broken in float32
-                if activation is not None:
-                    logits = activation(logits)
-                if self.num_labels == 1 and logits.ndim > 1:
-                    logits = logits.squeeze(-1)
-                if apply_softmax and logits.ndim > 1:
-                    logits = torch.nn.functional.softmax(logits, dim=1)
-                for index, score in zip(indices, logits, strict=True):
-                    scores[index] = score
-                bar.update(len(indices))
-        return scores  # type: ignore[return-value]
+        def step(batch: Any) -> Tensor:  # the inference step: a tokenized batch of pairs -> their scores
+            logits = self.model(**batch, return_dict=True).logits
+            if logits.is_floating_point() and torch.finfo(logits.dtype).bits < 32:
+                logits = logits.float()  # as sentence-transformers: bf16 ties broken in float32
+            if activation is not None:
+                logits = activation(logits)
+            if self.num_labels == 1 and logits.ndim > 1:
+                logits = logits.squeeze(-1)
+            if apply_softmax and logits.ndim > 1:
+                logits = torch.nn.functional.softmax(logits, dim=1)
+            return logits
+
+        with progress_bar(show_progress_bar, len(firsts), "rerank", "pair") as bar:
+            return self._in_order(step, firsts, seconds, prefix=prefix, batch_size=batch_size, progress=bar)
 
     def require_one_label(self) -> None:
         """ValueError (sentence-transformers' own) unless the model gives one score per pair, which ranking needs."""

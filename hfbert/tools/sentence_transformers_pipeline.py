@@ -38,7 +38,17 @@ from converters.loading import non_finite
 from hfbert.tools.sentence_transformers_modules import POOLINGS, Dense, Normalize, Pooling, SentenceModules, pool
 
 # Dense and pool are re-exported from hfbert.tools.sentence_transformers_modules: their old import path.
-__all__ = ["POOLINGS", "SUPPORTED_MODULES", "Dense", "Pipeline", "pool", "read_pipeline"]
+__all__ = [
+    "POOLINGS",
+    "SUPPORTED_MODULES",
+    "Dense",
+    "FolderSettings",
+    "Module",
+    "Pipeline",
+    "pool",
+    "read_folder",
+    "read_pipeline",
+]
 
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -100,23 +110,6 @@ class Pipeline:
         prompt = f"; prompt {self.prompt!r}" if self.prompt else ""
         overridden = f" (overridden: {', '.join(self.overrides)})" if self.overrides else ""
         return f"{self.source}: {' -> '.join(parts)}{prompt}{overridden}"
-
-
-def _module_kind(entry: Any, path: Path) -> tuple[str, str]:
-    """(class name, folder) of one modules.json entry; ValueError for anything but a supported module."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
-        raise ValueError(f"{path}: each entry must be an object with a string 'type', got {entry!r}")
-    module_type = entry["type"]
-    package, _, name = module_type.rpartition(".")
-    if not package.startswith(_MODULE_PACKAGES) or name not in SUPPORTED_MODULES:
-        raise ValueError(
-            f"{path}: module {module_type!r} is not one hfbert embed runs (it runs "
-            f"{', '.join(SUPPORTED_MODULES)}); use sentence-transformers itself for this checkpoint"
-        )
-    folder = entry.get("path", "")
-    if not isinstance(folder, str) or Path(folder).is_absolute() or ".." in Path(folder).parts:
-        raise ValueError(f"{path}: module {module_type!r} has path {folder!r}; expected a folder inside the checkpoint")
-    return name, folder
 
 
 def _pooling(directory: Path, hidden_size: int) -> Pooling:
@@ -218,7 +211,7 @@ def read_pipeline(
     checkpoint without modules.json, the one SentenceTransformer builds for a plain checkpoint."""
     directory = Path(directory)
     capped = min(tokenizer_max_length, max_position_embeddings)
-    modules_file = directory / "modules.json"
+    modules_file = directory / MODULES_FILE
     if not modules_file.is_file():
         return Pipeline(
             SentenceModules(Pooling(("mean",), hidden_size)),
@@ -231,49 +224,48 @@ def read_pipeline(
             f"{directory}: written by sentence-transformers' {written_by} ({PROMPTS_FILE}), not a sentence embedding "
             f"model: use {OTHER_TOOLS[written_by]}"
         )
-    entries = read_json(modules_file)
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
-    kinds = [_module_kind(entry, modules_file) for entry in entries]
-    if kinds[0][0] != "Transformer" or kinds[0][1] not in ("", "."):
+    folder = read_folder(directory)
+    for module in folder.modules:
+        package, _, _ = module.type.rpartition(".")
+        if not package.startswith(_MODULE_PACKAGES) or module.name not in SUPPORTED_MODULES:
+            raise ValueError(
+                f"{modules_file}: module {module.type!r} is not one hfbert embed runs (it runs "
+                f"{', '.join(SUPPORTED_MODULES)}); use sentence-transformers itself for this checkpoint"
+            )
+    if folder.modules[0].name != "Transformer" or folder.modules[0].folder != directory:
         raise ValueError(f"{modules_file}: the first module must be the Transformer at the checkpoint's root")
-    transformer = read_json_object(directory / "sentence_bert_config.json", missing_ok=True)
-    length = transformer.get("max_seq_length")
-    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
-        raise ValueError(
-            f"{directory / 'sentence_bert_config.json'}: max_seq_length {length!r}; expected a positive integer"
-        )
+    length = folder.max_seq_length
     max_length = capped if length is None else min(length, max_position_embeddings)
     modules: SentenceModules | None = None
-    for name, folder in kinds[1:]:
+    for module in folder.modules[1:]:
+        name, module_folder = module.name, module.folder
         if name == "Transformer":
             raise ValueError(f"{modules_file}: a second Transformer module; hfbert embed runs one encoder")
         if name == "Pooling":
             if modules is not None:
                 raise ValueError(f"{modules_file}: a second Pooling module")
-            modules = SentenceModules(_pooling(directory / folder, hidden_size))
+            modules = SentenceModules(_pooling(module_folder, hidden_size))
         elif modules is None and name != "Dropout":
             raise ValueError(f"{modules_file}: {name} before Pooling; hfbert embed pools the token embeddings first")
         elif name == "Dense":
-            modules.append(_dense(directory / folder, modules.dimension))
+            modules.append(_dense(module_folder, modules.dimension))
         elif name == "Normalize":
-            config_file = directory / folder / "config.json"
+            config_file = module_folder / "config.json"
             config = read_json_object(config_file, missing_ok=True)
             if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
                 raise ValueError(f"{config_file}: hfbert embed normalizes the sentence embedding only")
             modules.append(Normalize())
     if modules is None:
         raise ValueError(f"{modules_file}: no Pooling module; hfbert embed returns one vector per text")
-    # do_lower_case by truthiness, as sentence-transformers' `if do_lower_case:`.
-    lower = bool(transformer.get("do_lower_case"))
-    table, default = checkpoint_prompts(directory)
     pipeline = Pipeline(
-        modules, max_length, do_lower_case=lower, source="sentence-transformers (modules.json)", prompts=table
+        modules,
+        max_length,
+        do_lower_case=folder.do_lower_case,
+        source="sentence-transformers (modules.json)",
+        prompts=folder.prompts,
     )
-    if default is not None:
-        if default not in table:
-            raise ValueError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not in prompts")
-        pipeline.prompt = prompt_text(table, default, directory)
+    if folder.default_prompt_name is not None:
+        pipeline.prompt = prompt_text(folder.prompts, folder.default_prompt_name, directory)
     return pipeline
 
 
@@ -306,3 +298,85 @@ def prompt_text(table: dict[str, Any], name: str, directory: Path) -> str | None
 def _shown(value: Any) -> str:
     shown = repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+# The one reader of a folder's sentence-transformers files, for every tool: `read_pipeline` (SentenceTransformer)
+# and `hfbert.tools.head_checkpoint.read_folder_settings` (CrossEncoder, SparseEncoder) build on what it reads.
+MODULES_FILE = "modules.json"
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+# The packages sentence-transformers' module types live in, in every release that wrote them: 2.x-4.x
+# (`sentence_transformers.models`), 5.x (`sentence_transformers.sparse_encoder.models`, `cross_encoder.*`) and
+# 6.x (`sentence_transformers.base.modules`, `sentence_transformers.sparse_encoder.modules`, ...).
+MODULE_PACKAGES = (
+    "sentence_transformers.models",
+    "sentence_transformers.base.",
+    "sentence_transformers.sentence_transformer.",
+    "sentence_transformers.sparse_encoder.",
+    "sentence_transformers.cross_encoder.",
+)
+
+
+@dataclass
+class Module:
+    """One modules.json entry: the class name of its type, the type as written, and its folder."""
+
+    name: str
+    type: str
+    folder: Path
+
+
+@dataclass
+class FolderSettings:
+    """A folder's sentence-transformers files, each read and checked once (`read_folder`): modules.json's
+    `modules`, sentence_bert_config.json (`transformer`: its `max_seq_length`, `do_lower_case`),
+    config_sentence_transformers.json (`model_config`: its prompts and default prompt name). `modules` is None
+    where a job builds its default modules (no modules.json, or one of another class: `read_folder_settings`)."""
+
+    modules: list[Module] | None = None
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    transformer: dict[str, Any] = field(default_factory=dict)  # sentence_bert_config.json
+    model_config: dict[str, Any] = field(default_factory=dict)  # config_sentence_transformers.json
+    prompts: dict[str, Any] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+
+def read_folder(directory: Path) -> FolderSettings:
+    """The sentence-transformers files of `directory`, which holds a modules.json; ValueError naming the file and
+    field for a malformed one."""
+    directory = Path(directory)
+    modules_file = directory / MODULES_FILE
+    entries = read_json(modules_file)
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{modules_file}: expected a non-empty JSON list of modules")
+    modules = [_module(entry, modules_file, directory) for entry in entries]
+    transformer = read_json_object(directory / TRANSFORMER_CONFIG, missing_ok=True)
+    length = transformer.get("max_seq_length")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise ValueError(f"{directory / TRANSFORMER_CONFIG}: max_seq_length {length!r}; expected a positive integer")
+    prompts, default = checkpoint_prompts(directory)
+    if default is not None and default not in prompts:
+        raise ValueError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not in prompts")
+    return FolderSettings(
+        modules=modules,
+        max_seq_length=length,
+        do_lower_case=bool(transformer.get("do_lower_case")),  # by truthiness, as sentence-transformers' `if`
+        transformer=transformer,
+        model_config=read_json_object(directory / PROMPTS_FILE, missing_ok=True),
+        prompts=prompts,
+        default_prompt_name=default,
+    )
+
+
+def _module(entry: Any, modules_file: Path, directory: Path) -> Module:
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        raise ValueError(f"{modules_file}: each entry must be an object with a string 'type', got {entry!r}")
+    module_type = entry["type"]
+    package, _, name = module_type.rpartition(".")
+    folder = entry.get("path", "")
+    if not isinstance(folder, str) or Path(folder).is_absolute() or ".." in Path(folder).parts:
+        raise ValueError(
+            f"{modules_file}: module {module_type!r} has path {folder!r}; expected a folder inside the checkpoint"
+        )
+    # A type outside sentence-transformers is custom code, which hfbert never runs: no class name of it is trusted.
+    return Module(name if package.startswith(MODULE_PACKAGES) else module_type, module_type, directory / folder)

@@ -29,8 +29,7 @@ accumulated in float64, so the only rounding left is fp32's in each logit.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import closing
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,9 @@ import torch
 from torch import Tensor
 
 from converters.json_files import read_json_object
-from hfbert.tools.head_checkpoint import (
-    FolderSettings,
-    input_length,
-    load_head_model,
-    prompt_of,
-    read_folder_settings,
-    resolve_folder,
-)
-from hfbert.tools.texts import check_texts, is_checked
+from hfbert.tools.head_checkpoint import FolderSettings, input_length, prompt_of, read_folder_settings
+from hfbert.tools.retrieval import LoadOptions, QueryDocumentPrompts, RetrievalEncoder, progress_bar
+from hfbert.tools.texts import is_checked
 
 VOCABULARY_CHUNK = 1 << 24  # logits computed at once: 16 Mi floats, 64 MiB in fp32
 CHUNK_SIZE = 10_000  # texts read, sorted by length and encoded at once by `sparse_file`
@@ -56,58 +49,39 @@ _TRANSFORMERS = ("MLMTransformer", "Transformer")
 __all__ = ["CHUNK_SIZE", "VOCABULARY_CHUNK", "SparseEncoder", "sparse_file"]
 
 
-class SparseEncoder:
+class SparseEncoder(QueryDocumentPrompts, RetrievalEncoder):
     """A SPLADE checkpoint (a local folder or Hub repo id with a masked-LM head) giving sparse vectors over its
-    vocabulary as sentence-transformers' `SparseEncoder` does (see the module docstring). `max_length`: tokens per
-    text (default: the folder's); `max_active_dims`: keep each vector's largest weights (default: the folder's, else
-    all); `quantize="int8"`: the encoder in int8 weights and activations (faster, lossy: `hfbert/inference/int8.py`;
-    the vocabulary projection, tied to the word embeddings, stays fp32); `precision="bf16"`: the encoder's products
-    in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`; the projection stays fp32). `revision`,
-    `cache_dir`, `token`: for a Hub repo id. `ignore_auto_map=True`: load a checkpoint whose config.json points to
-    custom code as plain BERT."""
+    vocabulary as sentence-transformers' `SparseEncoder` does (see the module docstring). `max_active_dims`: keep
+    each vector's largest weights (default: the folder's, else all). The load options
+    (`hfbert.tools.retrieval.LoadOptions`, as keywords or one `options`): `max_length` tokens per text (default: the
+    folder's); `quantize="int8"` the encoder in int8 weights and activations (faster, lossy:
+    `hfbert/inference/int8.py`; the vocabulary projection, tied to the word embeddings, stays fp32);
+    `precision="bf16"` the encoder's products in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`;
+    the projection stays fp32); `device`, `dtype`, `revision`, `cache_dir`, `token`, `ignore_auto_map`."""
 
     def __init__(
         self,
         model_path: str | os.PathLike,
         *,
-        max_length: int | None = None,
         max_active_dims: int | None = None,
-        device: str = "cpu",
-        dtype: str | torch.dtype | None = None,
-        quantize: str | None = None,
-        precision: str = "highest",
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        ignore_auto_map: bool = False,
+        options: LoadOptions | None = None,
+        **load_options: Any,
     ) -> None:
-        from hfbert.modeling.tokenizer import AutoTokenizer
-
-        self.directory = directory = resolve_folder(model_path, revision, cache_dir, token)
+        super().__init__(model_path, LoadOptions.of(options, load_options))
+        directory = self.directory
         self.settings = settings = read_folder_settings(directory, "SparseEncoder")
+        self.prompts = settings.prompts
         self.pooling_strategy, self.activation_function, self.source = splade_modules(directory, settings)
-        self.model = load_head_model(
-            directory,
-            "masked-lm",
-            device=device,
-            dtype=dtype,
-            quantize=quantize,
-            precision=precision,
-            ignore_auto_map=ignore_auto_map,
-        )
-        self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        if settings.do_lower_case:
-            self.tokenizer.lowercase_first()
-        self.max_length = input_length(settings, self.tokenizer, self.model.config.max_sequence_length, max_length)
+        self._load_model("masked-lm")
+        self._load_tokenizer()
+        self._lowercase(settings.do_lower_case)
+        limit = self.model.config.max_sequence_length
+        self.max_length = input_length(settings, self.tokenizer, limit, self.options.max_length)
         if max_active_dims is None:
             max_active_dims = settings.model_config.get("max_active_dims")
         self.max_active_dims = _checked_max_active_dims(max_active_dims, directory)
         self.dimension: int = self.model.config.vocab_size
         self._tokens: list[str] | None = None
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     def describe(self) -> str:
         """One line: where the modules came from, and what they compute."""
@@ -118,6 +92,7 @@ class SparseEncoder:
             f"SpladePooling({self.pooling_strategy} of {activation}){active}"
         )
 
+    @torch.no_grad()
     def encode(
         self,
         inputs: Sequence[str] | str,
@@ -140,14 +115,15 @@ class SparseEncoder:
         texts = [inputs] if single else list(inputs)
         active = self.max_active_dims if max_active_dims is None else _checked_max_active_dims(max_active_dims)
         prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
-        rows: list[Tensor | None] = [None] * len(texts)
-        for indices, vectors in self._vectors(texts, prefix, batch_size, active, show_progress_bar):
+
+        def step(batch: Any) -> Tensor:
+            vectors = self._vectors(batch, active)
             if convert_to_sparse_tensor:
                 vectors = vectors.to_sparse()
-            if save_to_cpu:
-                vectors = vectors.cpu()
-            for index, row in zip(indices, vectors, strict=True):
-                rows[index] = row
+            return vectors.cpu() if save_to_cpu else vectors
+
+        with progress_bar(show_progress_bar, len(texts), "sparse", "text") as bar:
+            rows = self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=bar)
         if convert_to_tensor:
             if rows:
                 result: Any = torch.stack(rows)  # type: ignore[arg-type]
@@ -158,21 +134,7 @@ class SparseEncoder:
             result = rows
         return result[0] if single else result
 
-    def encode_query(self, inputs: Sequence[str] | str, **options: Any) -> Tensor | list[Tensor]:
-        """`encode` with the folder's "query" prompt when it has one and none is given, as sentence-transformers'
-        `encode_query`."""
-        return self.encode(inputs, **self._prompt_named("query", options))
-
-    def encode_document(self, inputs: Sequence[str] | str, **options: Any) -> Tensor | list[Tensor]:
-        """`encode` with the folder's "document" prompt when it has one and none is given, as sentence-transformers'
-        `encode_document`."""
-        return self.encode(inputs, **self._prompt_named("document", options))
-
-    def _prompt_named(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
-        if options.get("prompt") is None and options.get("prompt_name") is None and name in self.settings.prompts:
-            return {**options, "prompt_name": name}
-        return options
-
+    @torch.no_grad()
     def token_weights(
         self,
         texts: Sequence[str] | str,
@@ -187,18 +149,20 @@ class SparseEncoder:
         if isinstance(texts, str):  # one text, not a sequence of one-character texts
             return self.token_weights([texts], batch_size, prompt, prompt_name, progress)[0]
         tokens = self.tokens()
-        result: list[dict[str, float] | None] = [None] * len(texts)
         prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
         texts = texts if is_checked(texts) else list(texts)
-        for indices, vectors in self._vectors(texts, prefix, batch_size, self.max_active_dims, None):
-            for index, vector in zip(indices, vectors.cpu(), strict=True):
+
+        def step(batch: Any) -> list[dict[str, float]]:
+            weights = []
+            for vector in self._vectors(batch, self.max_active_dims).cpu():
                 ids = vector.nonzero().flatten()
-                weights = vector[ids]
-                ranked = sorted(zip(ids.tolist(), weights.tolist(), strict=True), key=lambda item: (-item[1], item[0]))
-                result[index] = {tokens[i]: weight for i, weight in ranked}
-            if progress is not None:
-                progress.update(len(indices))
-        return result  # type: ignore[return-value]
+                ranked = sorted(
+                    zip(ids.tolist(), vector[ids].tolist(), strict=True), key=lambda item: (-item[1], item[0])
+                )
+                weights.append({tokens[i]: weight for i, weight in ranked})
+            return weights
+
+        return self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=progress)
 
     def tokens(self) -> list[str]:
         """The token string of every vocabulary id (the model's vocabulary: "[id:N]" where the tokenizer has none)."""
@@ -210,33 +174,11 @@ class SparseEncoder:
             self._tokens = names
         return self._tokens
 
-    @torch.no_grad()
-    def _vectors(
-        self, texts: list[str], prefix: str, batch_size: int, max_active_dims: int | None, show_progress_bar: Any
-    ) -> Iterator[tuple[list[int], Tensor]]:
-        """(indices into `texts`, their (batch, vocabulary) float32 vectors) batch by batch, longest texts first."""
-        from hfbert.tools.progress import Progress
-
-        check_texts(texts)  # each named by its place in `texts`, not in a length-sorted batch (once: `CheckedTexts`)
-        order = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
-        bar = Progress(len(texts), "sparse", "text", enabled=bool(show_progress_bar))
-        with closing(bar):
-            for start in range(0, len(order), batch_size):
-                indices = order[start : start + batch_size]
-                batch = self.tokenizer(
-                    [prefix + texts[index] for index in indices],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    return_attention_mask=True,
-                    return_tensors="pt",
-                ).to(self.device)
-                hidden = self.model.backbone(**batch, return_dict=True).last_hidden_state
-                vectors = self._pool(hidden, batch["attention_mask"])
-                if max_active_dims is not None:
-                    vectors = _largest(vectors, max_active_dims)
-                bar.update(len(indices))
-                yield indices, vectors
+    def _vectors(self, batch: Any, max_active_dims: int | None) -> Tensor:
+        """The inference step: a tokenized batch's (batch, vocabulary) float32 vectors."""
+        hidden = self.model.backbone(**batch, return_dict=True).last_hidden_state
+        vectors = self._pool(hidden, batch["attention_mask"])
+        return vectors if max_active_dims is None else _largest(vectors, max_active_dims)
 
     def _pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """(batch, vocabulary) SPLADE weights of the real tokens of `hidden` (see the module docstring)."""
