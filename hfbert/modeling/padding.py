@@ -160,17 +160,21 @@ def masked_bias(bias: Tensor, key_mask: Tensor | None) -> Tensor:
     return bias.masked_fill(~key_mask, torch.finfo(bias.dtype).min)
 
 
-def cached_rotary_tables(
-    tables: dict, positions: Tensor | None, head_size: int, theta: float, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """The rotary tables of `positions` for one base and dtype from `tables` (a layout's, one forward's), computed
-    there on the first request: every layer of the same base then reads the same pair."""
-    if positions is None:
-        raise ValueError("rotary_tables needs the layout's position ids: call with_positions first")
-    key = (head_size, float(theta), dtype)
-    if key not in tables:
-        tables[key] = rotary.rotary_tables(positions, head_size, theta, dtype)
-    return tables[key]
+class _RotaryTables:
+    """What both layouts share for rotary attention: the tables of their positions, computed on the first request of
+    a forward for a head size, base and dtype, so that every layer of the same base reads the same pair."""
+
+    positions: Tensor | None
+    tables: dict
+
+    def rotary_tables(self, head_size: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of the layout's positions (`rotary.rotary_tables`), computed once per forward and base."""
+        if self.positions is None:
+            raise ValueError("rotary_tables needs the layout's position ids: call with_positions first")
+        key = (head_size, float(theta), dtype)
+        if key not in self.tables:
+            self.tables[key] = rotary.rotary_tables(self.positions, head_size, theta, dtype)
+        return self.tables[key]
 
 
 def bound_score_term(
@@ -186,7 +190,7 @@ def bound_score_term(
 
 
 @dataclass
-class PaddedBatch:
+class PaddedBatch(_RotaryTables):
     """The dense layout: (batch, sequence, hidden) with a boolean key mask (batch, 1, 1, sequence) or None."""
 
     key_mask: Tensor | None
@@ -206,10 +210,6 @@ class PaddedBatch:
     def with_positions(self, position_ids: Tensor) -> PaddedBatch:
         """This layout with the call's position ids, (sequence,) or (batch, sequence), for attention to read."""
         return replace(self, positions=position_ids if position_ids.dim() == 2 else position_ids[None], tables={})
-
-    def rotary_tables(self, head_size: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin of the layout's positions (`rotary.rotary_tables`), computed once per forward and base."""
-        return cached_rotary_tables(self.tables, self.positions, head_size, theta, dtype)
 
     def attend(
         self,
@@ -250,7 +250,7 @@ class _Bucket:
     real: Tensor  # (sequences, longest) bool
 
 
-class PackedBatch:
+class PackedBatch(_RotaryTables):
     """The real tokens of a padded batch as one (tokens, ...) tensor, in row-major order.
 
     >>> mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -322,10 +322,6 @@ class PackedBatch:
         positioned.positions = self.pack(position_ids.expand(self.shape))
         positioned.tables = {}
         return positioned
-
-    def rotary_tables(self, head_size: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin of the layout's positions (`rotary.rotary_tables`), computed once per forward and base."""
-        return cached_rotary_tables(self.tables, self.positions, head_size, theta, dtype)
 
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, sequence, ...), zeros at pad positions."""

@@ -14,6 +14,8 @@ from types import FrameType
 from hfbert.serve.options import add_arguments, settings_of
 
 log = logging.getLogger("hfbert.serve")
+# The command's options that are the library's load options (`hfbert.tools.retrieval.LoadOptions`), by one name.
+LOAD_OPTIONS = ("precision", "quantize", "max_length", "device", "revision", "ignore_auto_map")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,25 +38,18 @@ def run(arguments: argparse.Namespace) -> int:
     from hfbert.platform.cpu import cpu_name, instruction_set
     from hfbert.serve.app import create_app
     from hfbert.serve.engine import Engine, EngineOptions
+    from hfbert.tools.retrieval import LoadOptions
 
     logging.basicConfig(level=arguments.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_of(arguments)
-    options = EngineOptions(
-        pooling=arguments.pooling,
-        precision=arguments.precision,
-        quantize=arguments.quantize,
-        prompt_name=arguments.prompt_name,
-        max_length=arguments.max_length,
-        device=arguments.device,
-        revision=arguments.revision,
-        ignore_auto_map=arguments.ignore_auto_map,
-    )
+    load = LoadOptions(**{name: getattr(arguments, name) for name in LOAD_OPTIONS})
+    options = EngineOptions(pooling=arguments.pooling, prompt_name=arguments.prompt_name, load=load)
     engine = Engine(arguments.model, options)
-    mode = f"precision {options.precision}" + (f", quantize {options.quantize}" if options.quantize else "")
+    mode = f"precision {load.precision}" + (f", quantize {load.quantize}" if load.quantize else "")
     where = "" if str(engine.directory) == settings.model_id else f" ({engine.directory})"
     normalize = "; vectors normalized per request (normalize, default true)" if engine.task in ("embed", "m3") else ""
     log.info("model %s%s: task %s, %s%s", settings.model_id, where, engine.task, engine.describe(), normalize)
-    log.info("mode %s on %s, %s (%s)", mode, options.device, cpu_name(), instruction_set())
+    log.info("mode %s on %s, %s (%s)", mode, load.device, cpu_name(), instruction_set())
     log.info(
         "limits: max_input_length %d, max_batch_tokens %d, max_client_batch_size %d, max_concurrent_requests %d, "
         "payload_limit %d bytes, auto_truncate %s, api key %s",

@@ -585,7 +585,7 @@ def _info(engine: Engine, settings: Settings) -> dict[str, Any]:
         model_type: dict[str, Any] = {"reranker" if len(engine.labels) == 1 else "classifier": labels}
     else:
         model_type = {"embedding": {"pooling": engine.pooling}}
-    options = engine.options
+    options = engine.options.load
     return {
         "model_id": settings.model_id,
         "model_sha": None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from converters.json_files import read_json_object
+from hfbert.tools.retrieval import LoadOptions
 
 TASKS = ("embed", "rerank", "sparse", "m3")
 # What each task serves, by operation.
@@ -46,17 +47,12 @@ TASK_NAMES = {
 
 @dataclass
 class EngineOptions:
-    """How the model is loaded: the library's inference modes and input settings, as `hfbert serve` takes them."""
+    """How the model is loaded: the library's load options (inference modes, device, input length) and what the
+    server adds, the task's pooling and the default prompt, as `hfbert serve` takes them."""
 
     pooling: str | None = None
-    precision: str = "highest"
-    quantize: str | None = None
     prompt_name: str | None = None
-    max_length: int | None = None
-    device: str = "cpu"
-    revision: str | None = None
-    ignore_auto_map: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    load: LoadOptions = field(default_factory=LoadOptions)
 
 
 def detect_task(directory: Path, pooling: str | None = None) -> str:
@@ -89,12 +85,10 @@ class Engine:
 
         self.options = options = options or EngineOptions()
         self.model_id = os.fspath(model)
-        self.directory = resolve_folder(model, options.revision)
+        self.directory = resolve_folder(model, options.load.revision)
         self.task = detect_task(self.directory, options.pooling)
         # fp32 weights whatever the checkpoint stores: the server computes in fp32 (or the mode asked), as /info says.
-        modes = {"precision": options.precision, "quantize": options.quantize, "device": options.device}
-        modes["dtype"] = "float32"
-        modes["ignore_auto_map"] = options.ignore_auto_map
+        load = replace(options.load, dtype="float32")
         self.prompt = ""
         self.labels: list[str] = []
         if self.task in ("embed", "m3"):
@@ -105,9 +99,8 @@ class Engine:
                 self.directory,
                 pooling=pooling,
                 normalize=False,
-                max_length=options.max_length,
                 prompt_name=options.prompt_name,
-                **modes,
+                options=load,
             )
             self.prompt = self.encoder.pipeline.prompt or ""
             self.dimension = self.encoder.dimension
@@ -117,7 +110,7 @@ class Engine:
         elif self.task == "rerank":
             from hfbert.tools.reranking import CrossEncoder
 
-            self.encoder = CrossEncoder(self.directory, max_length=options.max_length, **modes)
+            self.encoder = CrossEncoder(self.directory, options=load)
             self.dimension = self.encoder.num_labels
             config = read_json_object(self.directory / "config.json", missing_ok=True)
             id2label = config.get("id2label") or {}
@@ -127,7 +120,7 @@ class Engine:
         else:
             from hfbert.tools.sparse import SparseEncoder
 
-            self.encoder = SparseEncoder(self.directory, max_length=options.max_length, **modes)
+            self.encoder = SparseEncoder(self.directory, options=load)
             self.dimension = self.encoder.dimension
             self.pooling = "splade"
             self.prompt = self._prompt_of(options.prompt_name)
