@@ -87,15 +87,6 @@ def test_a_right_padded_row_gives_the_same_outputs_whatever_it_is_batched_with(m
         torch.testing.assert_close(mine[index][:, where], reference[index][:, where], atol=ATOL, rtol=ATOL)
 
 
-def test_the_same_row_is_bitwise_the_same_alone_and_beside_a_row_with_holes(models):
-    """Not only within tolerance of transformers: zeros at the pads are exactly zeros on both layouts."""
-    model_type, ours, _ = models
-    ids = rows(model_type)
-    alone, beside = run(ours, ("right",), ids)[0], run(ours, ("right", "holes"), ids)[0]
-    pads = ~torch.tensor(MASKS["right"]).bool()
-    assert torch.equal(alone[:, pads], beside[:, pads])
-
-
 def test_padding_free_off_computes_pads_as_transformers(models):
     """`padding_free = False` is transformers' computation everywhere, pads included, whatever the batch."""
     model_type, ours, theirs = models
