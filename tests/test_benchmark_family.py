@@ -91,6 +91,7 @@ def test_the_family_row_is_asked_for_by_name_and_left_out_of_the_default_run():
         peers.parse_rows("11")
 
 
+@pytest.mark.slow  # a benchmark's rows run whole (about 36 s on 2 cores): CI's slow run keeps them
 def test_the_retrieval_rows_check_and_time_hfbert_against_sentence_transformers(tmp_path, monkeypatch):
     """Rows 8 and 9 (issue 52) at a tiny size: 6 documents, 6 texts, one timed round each."""
     pytest.importorskip("sentence_transformers")
