@@ -204,7 +204,8 @@ from hfbert.platform.cpu import bfloat16_native, cpu_flags, instruction_set
 from hfbert.platform.mkl import SETTING, SWITCH, mkl_branch
 from hfbert.tools.parity import Accuracy
 from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine, openvino_engine
-from hfbert.tools.parity.engines.reference import exact_rotary, load_reference
+from hfbert.tools.parity.engines.reference import load_reference
+from hfbert.tools.parity.engines.reference_adapters import exact_rotary
 
 FP32_ROWS, INT8_ROWS = ("1", "2", "3", "4"), ("1-int8", "2-int8", "4-int8")
 BF16_ROWS = ("1-bf16", "2-bf16", "3-bf16", "4-bf16")

@@ -298,7 +298,7 @@ def test_at_modernbert_base_shape_hfbert_is_as_accurate_as_transformers_against_
     5% relative RMS."""
     import copy
 
-    from hfbert.tools.parity.engines.reference import exact_rotary
+    from hfbert.tools.parity.engines.reference_adapters import exact_rotary
 
     values = dict(BASE_SHAPE)
     every = values.pop("global_attn_every_n_layers")

@@ -43,7 +43,7 @@ def test_the_exact_eager_reference_equals_transformers_float64_sdpa(checkpoint, 
     """The float64 reference's kernel (`exact_eager`) against the same transformers model on its own sdpa kernel in
     float64, on a padded batch longer than the window: equal to float64 rounding, and finite (transformers' eager in
     float64 takes the softmax in float32)."""
-    from hfbert.tools.parity.engines.transformers_engine import exact_eager
+    from hfbert.tools.parity.engines.reference_adapters import exact_eager
 
     model = transformers.ModernBertModel.from_pretrained(checkpoint, dtype=torch.float64).eval()
     width = 38
@@ -86,7 +86,7 @@ def test_the_float64_reference_rotates_in_float64(checkpoint):
 
     import transformers.models.modernbert.modeling_modernbert as modernbert
 
-    from hfbert.tools.parity.engines.reference import exact_rotary
+    from hfbert.tools.parity.engines.reference_adapters import exact_rotary
 
     original = modernbert.apply_rotary_pos_emb
     width = 40

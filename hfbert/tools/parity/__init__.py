@@ -71,11 +71,12 @@ pooler_output where it has one) is judged by the same rule against the same floa
 multiple of transformers' fp32 error (artifacts.py; `artifact_bound`, 1.5 by default). Where the checkpoint has a
 sentence-transformers pipeline, its sentence embeddings are compared too (sentences.py).
 
-The house, one concept per file: the battery (`cases.py`), the numbers and the verdict of one output
-(`statistics.py`), one batch through the three models (`compare.py`), every engine behind one interface (`engines/`:
-transformers' models and the float64 twin in `engines/reference.py`, a deployment engine imported only when an
-artifact needs it), an artifact's verdict (`artifacts.py`, `artifact_paths.py`, `sentences.py`), the table, the
-JSON and the figure (`report.py`, `artifact_report.py`, `plot.py`), and `run_parity` with its options checked once
+The house, one concept per file: the battery (`cases.py`), the numbers and the verdict of one output (`statistics.py`),
+one batch through the three models (`compare.py`), every engine behind one interface (`engines/`: transformers' models
+and the float64 twin in `engines/reference.py`, each member's transformers touch points behind its adapter in
+`engines/reference_adapters.py`, a deployment engine imported only when an artifact needs it), why a failing artifact
+fails (`causes.py`), an artifact's verdict (`artifacts.py`, `artifact_paths.py`, `sentences.py`), the table, the JSON
+and the figure (`report.py`, `artifact_report.py`, `plot.py`), and `run_parity` with its options checked once
 (`run.py`).
 """
 

@@ -44,10 +44,10 @@ class ArtifactCheck:
     vnni: bool = False
     # Cases whose batches could not hold what they test (cases.py, `Case.exercised`): case -> why. Not "pass" then.
     untested: dict[str, str] = field(default_factory=dict)
-    position_offset: Any = None  # reference.PositionOffset, where shifted positions fit the failing artifact
-    # reference.PaddingBlindPositions, where positions counted over columns (pads too) fit its failing left padding
+    position_offset: Any = None  # causes.PositionOffset, where shifted positions fit the failing artifact
+    # causes.PaddingBlindPositions, where positions counted over columns (pads too) fit its failing left padding
     padding_positions: Any = None
-    # reference.AttentionMismatch, where another window or rotary base fits it (ModernBERT's local and global layers)
+    # causes.AttentionMismatch, where another window or rotary base fits it (ModernBERT's local and global layers)
     attention_mismatch: Any = None
     # The batch the engine could not run (static shapes, a smaller vocabulary), named with the engine's reason: the
     # artifact's verdict is "error", its later batches are not run, and the other artifacts are still judged.

@@ -24,15 +24,11 @@ from hfbert.tools.inspect import describe_files
 from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
 from hfbert.tools.parity.artifacts import ArtifactCheck
 from hfbert.tools.parity.cases import LEFT_PADDING, Case, build_cases, default_texts, has_padding
+from hfbert.tools.parity.causes import attention_mismatch, padding_blind_positions, position_offset
 from hfbert.tools.parity.compare import compare_batch
 from hfbert.tools.parity.engines import hfbert_engine, open_artifact, transformers_engine
 from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine, installed_version
-from hfbert.tools.parity.engines.reference import (
-    attention_mismatch,
-    no_tf32,
-    padding_blind_positions,
-    position_offset,
-)
+from hfbert.tools.parity.engines.reference import no_tf32
 from hfbert.tools.parity.report import ParityReport
 from hfbert.tools.parity.sentences import CASE as SENTENCE_CASE
 from hfbert.tools.parity.sentences import SentenceStats, embed, read_sentence_pipeline

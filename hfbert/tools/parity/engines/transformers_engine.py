@@ -15,10 +15,12 @@ from hfbert.tools.parity.engines.base import ModelSpec, TorchEngine
 
 def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngine, TorchEngine]:
     """transformers' model in `spec.dtype` (in `spec.attn` where it has it: `reference_attention`), and the exact
-    reference: eager, once per batch for every output (why one eager run serves the sdpa rows too:
-    hfbert.tools.parity), with rotary positions in float64 (`exact_rotary`). In float32 runs it shares
-    transformers' weights (float64_twin); a bf16 or fp16 run loads its own, from the checkpoint's float32 values."""
-    from hfbert.tools.parity.engines.reference import exact_rotary, float64_twin, load_reference
+    reference: eager, once per batch for every output (why one eager run serves the sdpa rows too: hfbert.tools.parity),
+    made exact by the member's reference adapter (reference_adapters.py: ModernBERT's float32 steps in float64). In
+    float32 runs it shares transformers' weights (float64_twin); a bf16 or fp16 run loads its own, from the checkpoint's
+    float32 values."""
+    from hfbert.tools.parity.engines.reference import float64_twin, load_reference
+    from hfbert.tools.parity.engines.reference_adapters import adapter
 
     model_class, options = spec.model_class(*reference_classes(transformers, spec.member))
     attn = reference_attention(model_class, spec.attn)
@@ -27,47 +29,8 @@ def load(transformers: Any, directory: Path, spec: ModelSpec) -> tuple[TorchEngi
         exact = float64_twin(theirs)
     else:
         exact = load_reference(transformers, model_class, directory, attn, spec.device, torch.float64, **options)
-    exact.set_attn_implementation(exact_eager(transformers) if spec.model_type in EAGER_NOT_FLOAT64 else "eager")
-    exact_rotary(exact)  # ModernBERT's: transformers rounds it to float32 in float64 models too
+    exact = adapter(spec.model_type).make_exact(transformers, exact)
     return spec.engine(theirs), spec.engine(exact)
-
-
-# Members whose transformers eager kernel does not compute in float64 when the model does: ModernBERT's takes the
-# softmax in float32 (so its "float64" probabilities carry float32's rounding), and its float64 mask minimum, cast to
-# float32, becomes -inf: a pad query whose window holds only pads gets NaN, which the next layer spreads to every
-# token through the pad keys. Their float64 reference runs `exact_eager` instead.
-EAGER_NOT_FLOAT64 = frozenset({"modernbert"})
-EXACT_EAGER = "hfbert_exact_eager"
-
-
-def exact_eager(transformers: Any) -> str:
-    """The name of an eager attention kernel registered with transformers (its `AttentionInterface`, with
-    transformers' sdpa mask builder for it) that computes in the query's dtype throughout: scores, the masked keys
-    at that dtype's lowest value, softmax, and the probabilities it returns for the attention maps. It is
-    transformers' eager formula without the float32 step; tests/test_parity_modernbert.py checks the float64 model
-    on it against the same model on transformers' own float64 sdpa."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    def attention(
-        module: Any,
-        query: Any,
-        key: Any,
-        value: Any,
-        attention_mask: Any,
-        scaling: float,
-        dropout: float = 0.0,
-        **_: Any,
-    ) -> tuple[Any, Any]:
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:  # boolean, True where a key may be attended (sdpa's mask)
-            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-        probabilities = torch.softmax(scores, dim=-1)
-        return torch.matmul(probabilities, value).transpose(1, 2).contiguous(), probabilities
-
-    AttentionInterface.register(EXACT_EAGER, attention)
-    AttentionMaskInterface.register(EXACT_EAGER, sdpa_mask)
-    return EXACT_EAGER
 
 
 def reference_attention(model_class: type, attn: str) -> str:
