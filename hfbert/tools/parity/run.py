@@ -176,23 +176,8 @@ def run_parity(
     runners = (ours, theirs, exact)
     reference_attn = theirs.model.config._attn_implementation
     config = ours.model.config
-    battery_texts = list(options.texts or default_texts())
-    first_position = facts.first_position
-    cases = build_cases(
-        tokenizer,
-        battery_texts,
-        options.batch_size,
-        min(config.max_sequence_length, MAX_BATTERY_LENGTH),
-        facts.token_types,
-        first_position,
-    )
-    gives_types = "token_type_ids" in cases[0].batches[0]  # XLM-R's tokenizer gives none, whatever the model has
-    for check in checks:
-        check.untested = {case.name: case.note for case in cases if not case.exercised}
-        check.engine.token_types = check.engine.token_types and gives_types  # a graph without them is then whole
-    pipeline = read_sentence_pipeline(paths.directory, config, tokenizer.model_max_length) if checks else None
-    battery = _Battery(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
-    battery.run(runners, options, config.max_position_embeddings, first_position)
+    battery = _Battery.build(tokenizer, config, facts, options, checks, paths)
+    battery.run(runners, options, config.max_position_embeddings, facts.first_position)
     del runners, ours, theirs, exact
     gc.collect()
     return ParityReport(
@@ -207,14 +192,7 @@ def run_parity(
         instruction_set=instruction_set(),
         tolerance=options.tolerance,
         num_layers=config.num_hidden_layers,
-        versions={
-            "hfbert": installed_version("hfbert"),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "device_name": torch.cuda.get_device_name(options.device) if options.device_type == "cuda" else cpu_name(),
-            "mkl": mkl_branch(),
-        },
+        versions=_environment(transformers, options),
         weight_files=facts.weight_files,
         reference_weight_files=facts.reference_weight_files,
         cases=[case.describe() for case in battery.cases],
@@ -226,6 +204,18 @@ def run_parity(
         sentence_pipeline=battery.pipeline.describe() if battery.pipeline is not None else "",
         sentence_baseline=battery.baseline.numbers(),
     )
+
+
+def _environment(transformers: Any, options: ParityOptions) -> dict[str, str]:
+    """The report's environment line: the versions, the device's name and MKL's branch."""
+    return {
+        "hfbert": installed_version("hfbert"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device_name": torch.cuda.get_device_name(options.device) if options.device_type == "cuda" else cpu_name(),
+        "mkl": mkl_branch(),
+    }
 
 
 def _open_artifacts(paths: ParityPaths, facts: _CheckpointFacts, options: ParityOptions) -> list[ArtifactCheck]:
@@ -349,6 +339,34 @@ class _Battery:
     checks: list[ArtifactCheck]
     pipeline: Any
     baseline: SentenceStats = field(default_factory=SentenceStats)
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer: Any,
+        config: Any,
+        facts: _CheckpointFacts,
+        options: ParityOptions,
+        checks: list[ArtifactCheck],
+        paths: ParityPaths,
+    ) -> _Battery:
+        """The battery's cases (the run's texts, tokenized as the checkpoint's tokenizer does, as long as the model
+        takes up to MAX_BATTERY_LENGTH), the rows they fill, and each artifact told what the cases cannot
+        exercise."""
+        cases = build_cases(
+            tokenizer,
+            list(options.texts or default_texts()),
+            options.batch_size,
+            min(config.max_sequence_length, MAX_BATTERY_LENGTH),
+            facts.token_types,
+            facts.first_position,
+        )
+        gives_types = "token_type_ids" in cases[0].batches[0]  # XLM-R's tokenizer gives none, whatever the model has
+        for check in checks:
+            check.untested = {case.name: case.note for case in cases if not case.exercised}
+            check.engine.token_types = check.engine.token_types and gives_types  # a graph without them is then whole
+        pipeline = read_sentence_pipeline(paths.directory, config, tokenizer.model_max_length) if checks else None
+        return cls(cases, _rows(config.num_hidden_layers, facts, options), checks, pipeline)
 
     def run(
         self,
