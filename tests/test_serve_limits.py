@@ -1,8 +1,8 @@
 """`hfbert serve` as a trusted server behaves (issue #66): 401 without the API key (every route but /health), 413 for
 a body over `--payload-limit` (announced or chunked) and for a text over the model's length with truncation off,
-422 for truncation on the left, 429 when `--max-concurrent-requests` are in flight (while /health still answers at
-once), the work of a client that disconnected dropped before it runs; and with truncation on, a long text's vector
-equals sentence-transformers' (which truncates at the same length).
+429 when `--max-concurrent-requests` are in flight (while /health still answers at once), the work of a client that
+disconnected dropped before it runs; and with truncation on, a long text's vector equals sentence-transformers'
+(which truncates at the same length), on the right or on the left.
 
 A small random BERT with MiniLM's tokenizer and pipeline (`support.helpers.write_small_minilm_checkpoint`: 128
 positions). The model call is wrapped in a gate the tests can close, to hold a batch on the model thread. One
@@ -139,8 +139,6 @@ def test_a_long_text_without_truncation_is_refused(client):
     answer = client.post("/embed", json={"inputs": ["short", LONG]})
     assert answer.status_code == 413
     assert answer.json()["error"].startswith("input 1 has ") and "limit of 128 (truncate is false)" in answer.text
-    left = client.post("/embed", json={"inputs": LONG, "truncate": True, "truncation_direction": "left"})
-    assert left.status_code == 422 and "truncates on the right only" in left.json()["error"]
 
 
 def test_a_long_text_with_truncation_equals_sentence_transformers(client, folder):
@@ -150,6 +148,13 @@ def test_a_long_text_with_truncation_equals_sentence_transformers(client, folder
     answer = client.post("/embed", json={"inputs": [LONG, TEXTS[0]], "truncate": True})
     assert answer.status_code == 200
     np.testing.assert_allclose(np.array(answer.json()), reference.encode([LONG, TEXTS[0]]), rtol=0, atol=1e-5)
+    body = {"inputs": [LONG, TEXTS[0]], "truncate": True, "truncation_direction": "left"}
+    left = client.post("/embed", json=body)
+    assert left.status_code == 200, left.text
+    reference.tokenizer.truncation_side = "left"  # TEI's left: the text's start cut, its special tokens kept
+    theirs = reference.encode([LONG, TEXTS[0]])
+    np.testing.assert_allclose(np.array(left.json()), theirs, rtol=0, atol=1e-5)
+    assert np.abs(theirs[0] - np.array(answer.json()[0])).max() > 0.01  # not the right side's cut
 
 
 def test_overload_is_429_and_health_stays_responsive(served, client):

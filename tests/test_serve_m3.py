@@ -1,8 +1,8 @@
 """`hfbert serve` on a folder in BAAI/bge-m3's layout (issue #66): `/embed_multi` answers any subset of dense, sparse
-and ColBERT outputs per text from one forward pass, `/embed` and `/embed_sparse` the dense and sparse ones, all equal
-element-wise (fp32, 1e-5) to FlagEmbedding's `BGEM3FlagModel.encode`, as its formulas are written out on
-transformers' model in tests/test_bge_m3.py (`flag_formulas`, on the folder `bge_m3_folder` writes: XLM-R with random
-weights, texts of mixed lengths, one of 528 tokens).
+and ColBERT outputs per text from one forward pass, `/embed` and `/embed_sparse` the dense and sparse ones, from texts
+or their token ids, all equal element-wise (fp32, 1e-5) to FlagEmbedding's `BGEM3FlagModel.encode`, as its formulas
+are written out on transformers' model in tests/test_bge_m3.py (`flag_formulas`, on the folder `bge_m3_folder`
+writes: XLM-R with random weights, texts of mixed lengths, one of 528 tokens).
 
 One server for the module, on 127.0.0.1.
 """
@@ -79,3 +79,21 @@ def test_one_output_and_the_tei_routes(client, reference):
     assert client.get("/info").json()["task"] == "m3"
     refused = client.post("/embed_multi", json={"inputs": "a", "outputs": ["dense", "words"]})
     assert refused.status_code == 422 and "`outputs.1`" in refused.json()["error"]
+
+
+def test_token_ids_give_their_texts_outputs(client, folder, reference):
+    """The tokenizer's ids of each text (with its special tokens) give that text's three outputs, on
+    `/embed_multi`, `/embed` and `/embed_sparse`."""
+    transformers = pytest.importorskip("transformers")
+    ids = transformers.AutoTokenizer.from_pretrained(str(folder))(TEXTS_M3)["input_ids"]
+    answer = client.post("/embed_multi", json={"inputs": ids})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()
+    dense = np.array([result["dense"] for result in results], dtype=np.float32)
+    np.testing.assert_allclose(dense, reference["dense_vecs"].numpy(), rtol=0, atol=ATOL)
+    assert_sparse_equal([result["sparse"] for result in results], reference["lexical_weights"])
+    for result, vectors in zip(results, reference["colbert_vecs"], strict=True):
+        np.testing.assert_allclose(np.array(result["colbert"], dtype=np.float32), vectors.numpy(), rtol=0, atol=ATOL)
+    mixed = client.post("/embed", json={"inputs": [TEXTS_M3[0], ids[1]]}).json()
+    np.testing.assert_allclose(np.array(mixed), reference["dense_vecs"].numpy()[:2], rtol=0, atol=ATOL)
+    assert_sparse_equal(client.post("/embed_sparse", json={"inputs": ids[2]}).json(), reference["lexical_weights"][2:3])

@@ -125,6 +125,8 @@ def test_a_pair_over_the_length_is_refused_without_truncation(client):
         ("/rerank", {"query": QUERY, "texts": []}, "`texts` cannot be empty"),
         ("/rerank", {"texts": ["a"]}, "`query` is required"),
         ("/rerank", {"query": 1, "texts": ["a"]}, "`query`: Input should be a valid string"),
+        ("/rerank", {"query": "", "texts": ["a"]}, "`query` cannot be empty"),
+        ("/v2/rerank", {"query": " ", "documents": ["a"]}, "`query` cannot be empty"),
         ("/v1/rerank", {"query": QUERY, "documents": []}, "`documents` cannot be empty"),
         ("/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": 0}, "`top_n`"),
     ],

@@ -1,4 +1,5 @@
-"""The HTTP routes, on FastAPI: TEI's (`/embed`, `/embed_sparse`, `/embed_multi`, `/rerank`, `/predict`, `/tokenize`,
+"""The HTTP routes, on FastAPI: TEI's (`/embed`, `/embed_all`, `/embed_sparse`, `/embed_multi`, `/rerank`, `/predict`,
+`/tokenize`,
 `/decode`, `/`, `/invocations`, `/info`, `/health`, `/metrics`), OpenAI's `/v1/embeddings` and the Jina/Cohere
 `/v1/rerank` and `/v2/rerank`.
 
@@ -8,7 +9,8 @@ route: the body validated (`schemas.py`), the task checked (a route the model do
 task, as TEI's), the inputs counted against `--max-client-batch-size`, admitted under `--max-concurrent-requests`
 (429 beyond), tokenized off the event loop, checked against the model's length (413 with truncation off), and
 batched with every other client's (`batcher.py`). Defaults are TEI's: `normalize` true on `/embed`, `raw_scores`
-false (a one-label score is its sigmoid, several labels' a softmax), `truncate` as `--auto-truncate`.
+false (a one-label score is its sigmoid, several labels' a softmax), `truncate` as `--auto-truncate`, `prompt_name`
+the server's prompt. Inputs are texts or token ids where TEI takes either (`parse_inputs`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,13 +34,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hfbert import __version__
 from hfbert.serve import errors
 from hfbert.serve.batcher import Batcher
-from hfbert.serve.engine import Engine
+from hfbert.serve.engine import Engine, Operation
 from hfbert.serve.errors import ServeError, error_body
 from hfbert.serve.metrics import CONTENT_TYPE, Metrics
 from hfbert.serve.options import Settings
 from hfbert.serve.schemas import (
     CohereRerankRequest,
     DecodeRequest,
+    EmbedAllRequest,
     EmbedMultiRequest,
     EmbedRequest,
     EmbedSparseRequest,
@@ -54,6 +58,7 @@ ROUTES = (
     "/",
     "/invocations",
     "/embed",
+    "/embed_all",
     "/embed_sparse",
     "/embed_multi",
     "/rerank",
@@ -70,6 +75,7 @@ ROUTES = (
 # What each operation needs, for the error of a route the model's task does not serve.
 NEEDS = {
     "embed": "an embedding model",
+    "tokens": "an embedding model",
     "rerank": "a reranker (sequence classification)",
     "predict": "a sequence-classification model",
     "sparse": "a sparse model",
@@ -197,13 +203,17 @@ class Server:
                 f"(--max-client-batch-size)"
             )
 
-    def check_prompt(self, prompt_name: str | None) -> None:
-        if prompt_name is not None and prompt_name != self.engine.options.prompt_name:
-            served = self.engine.options.prompt_name
+    def check_prompt(self, operation: str, prompt_name: str | None, inputs: Sequence[Any] = ()) -> None:
+        """422 for a prompt name the folder does not have (naming those it has), and for one given with token ids
+        (the ids are the model's input as they are)."""
+        try:
+            self.engine.check_prompt(operation, prompt_name)
+        except ValueError as error:
+            raise errors.validation(str(error)) from None
+        if prompt_name is not None and any(not isinstance(item, str) for item in inputs):
             raise errors.validation(
-                f"prompt_name {prompt_name!r}: this server puts "
-                f"{'the prompt ' + repr(served) if served else 'the checkpoint default prompt'} before every input "
-                f"(hfbert serve --prompt-name); a request cannot choose another"
+                f"prompt_name {prompt_name!r} with token ids: ids are the model's input as given; send the prompt's "
+                "ids with them (/tokenize gives them), or send texts"
             )
 
     @contextlib.contextmanager
@@ -221,35 +231,73 @@ class Server:
     async def compute(
         self,
         request: Request,
-        operation: Any,
+        operation: Operation,
         payloads: Sequence[Any],
         count: Any,
         truncate: bool | None,
         direction: str,
     ) -> tuple[list[Any], int]:
-        """The model's outputs for `payloads` (texts, or pairs) and their tokens, batched with other requests'.
-        `count`: the function counting each payload's tokens (run off the event loop)."""
+        """The model's outputs for `payloads` (texts, pairs, or token id lists) and their tokens, batched with other
+        requests'. `count`: the function counting each payload's tokens (run off the event loop). Inputs over the
+        model's length are cut on `direction`'s side (a text cut on the left runs as its ids); pairs on the right
+        only."""
         truncate = self.settings.auto_truncate if truncate is None else truncate
         limit = self.engine.max_input_length
+        left = direction.lower() == "left"
         with self.admitted():
             started = time.perf_counter()
             counts = await asyncio.to_thread(count)
             self.metrics.tokenize.observe(time.perf_counter() - started)
+            payloads = list(payloads)
+            cut_left = []  # texts to cut on the left: they run as their ids, cut
             for index, tokens in enumerate(counts):
                 if tokens > limit and not truncate:
                     raise errors.too_large(
                         f"input {index} has {tokens} tokens, over the model's limit of {limit} (truncate is false)"
                     )
-                if tokens > limit and direction.lower() == "left":
+                if tokens > limit and isinstance(payloads[index], list):
+                    payloads[index] = payloads[index][-limit:] if left else payloads[index][:limit]
+                elif tokens > limit and left and isinstance(payloads[index], str):
+                    cut_left.append(index)
+                elif tokens > limit and left:
                     raise errors.validation(
-                        "truncation_direction left: this server truncates on the right only; shorten the input"
+                        "truncation_direction left: pairs of texts are truncated on the right only; shorten the input"
                     )
+            if cut_left:
+                prompt = self.engine.prompt_text(operation.prompt_name)
+                try:
+                    cut = await asyncio.to_thread(
+                        lambda: [self.engine.truncated_left(payloads[index], prompt) for index in cut_left]
+                    )
+                except ValueError as error:
+                    raise errors.validation(str(error)) from None
+                for index, ids in zip(cut_left, cut, strict=True):
+                    payloads[index] = ids
             tokens = [min(count, limit) for count in counts]
             request.state.inputs = len(payloads)
             request.state.tokens = sum(tokens)
             self.metrics.input_tokens.labels(request.url.path).inc(sum(tokens))
-            results = await _unless_disconnected(request, self.batcher.submit(operation, payloads, tokens))
+            results = await _unless_disconnected(request, self._submit(operation, payloads, tokens))
             return results, sum(tokens)
+
+    async def _submit(self, operation: Operation, payloads: list[Any], tokens: list[int]) -> list[Any]:
+        """The batcher's results for `payloads`, in order: texts and token id lists go as two operations (a batch
+        holds one kind of input) and come back merged."""
+        kinds = [isinstance(payload, list) for payload in payloads]
+        if not any(kinds):
+            return await self.batcher.submit(operation, payloads, tokens)
+        groups = [[index for index, ids in enumerate(kinds) if ids == kind] for kind in (False, True)]
+        submitted = [
+            self.batcher.submit(replace(operation, ids=kind), [payloads[i] for i in group], [tokens[i] for i in group])
+            for kind, group in zip((False, True), groups, strict=True)
+            if group
+        ]
+        answers = await asyncio.gather(*submitted)
+        results: list[Any] = [None] * len(payloads)
+        for group, answer in zip([group for group in groups if group], answers, strict=True):
+            for index, result in zip(group, answer, strict=True):
+                results[index] = result
+        return results
 
 
 async def _unless_disconnected(request: Request, work: Any) -> Any:
@@ -293,6 +341,13 @@ def scores(logits: torch.Tensor, raw: bool) -> torch.Tensor:
     return torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)
 
 
+def check_query(query: str) -> None:
+    """422 for an empty (or blank) query, which ranks nothing, or one that is not valid Unicode."""
+    if not query.strip():
+        raise errors.validation("`query` cannot be empty")
+    check_text(query, "query")
+
+
 def check_text(text: str, field: str) -> None:
     """422 when `text` is not valid Unicode (a lone surrogate such as "\\ud800" in JSON), which no tokenizer takes."""
     try:
@@ -309,6 +364,33 @@ def as_list(inputs: str | list[str], field: str = "inputs") -> list[str]:
     for index, text in enumerate(inputs):
         check_text(text, f"{field}.{index}")
     return list(inputs)
+
+
+def parse_inputs(inputs: str | list[Any], engine: Engine, field: str = "inputs") -> list[str | list[int]]:
+    """A request's inputs as a list of texts and token id lists (TEI's `EmbeddingInput`): a text; a list of ints,
+    one input of token ids; a list of texts and lists of ids. 422 naming the input for an id outside a list among
+    texts, an empty id list, an id outside the vocabulary or a text that is not valid Unicode."""
+    if isinstance(inputs, str):
+        return as_list(inputs, field)
+    single = bool(inputs) and all(isinstance(item, int) for item in inputs)
+    if single:
+        inputs = [inputs]
+    parsed: list[str | list[int]] = []
+    for index, item in enumerate(inputs):
+        if isinstance(item, int):
+            raise errors.validation(
+                f"`{field}.{index}`: a token id among texts; give a text, a list of token ids, or a list of texts "
+                "and lists of ids"
+            )
+        if isinstance(item, str):
+            check_text(item, f"{field}.{index}")
+        else:
+            try:
+                engine.check_ids(item, f"`{field}`" if single else f"`{field}.{index}`")
+            except ValueError as error:
+                raise errors.validation(str(error)) from None
+        parsed.append(item)
+    return parsed
 
 
 def create_app(engine: Engine, settings: Settings, metrics: Metrics | None = None) -> FastAPI:
@@ -366,43 +448,64 @@ def create_app(engine: Engine, settings: Settings, metrics: Metrics | None = Non
     @app.post("/embed")
     async def embed(body: EmbedRequest, request: Request) -> list[list[float]]:
         server.check_task("embed", "/embed")
-        texts = as_list(body.inputs)
-        server.check_count(len(texts), "inputs")
-        server.check_prompt(body.prompt_name)
+        inputs = parse_inputs(body.inputs, engine)
+        server.check_count(len(inputs), "inputs")
+        server.check_prompt("embed", body.prompt_name, inputs)
         vectors, _ = await server.compute(
             request,
-            "embed",
-            texts,
-            lambda: engine.count_tokens(texts),
+            Operation("embed", body.prompt_name),
+            inputs,
+            lambda: engine.count_tokens(inputs, engine.prompt_text(body.prompt_name)),
             body.truncate,
             body.truncation_direction,
         )
         return [dense(v, body.normalize, body.dimensions, engine.dimension).tolist() for v in vectors]
 
+    @app.post("/embed_all")
+    async def embed_all(body: EmbedAllRequest, request: Request) -> list[list[list[float]]]:
+        server.check_task("tokens", "/embed_all")
+        inputs = parse_inputs(body.inputs, engine)
+        server.check_count(len(inputs), "inputs")
+        server.check_prompt("tokens", body.prompt_name, inputs)
+        rows, _ = await server.compute(
+            request,
+            Operation("tokens", body.prompt_name),
+            inputs,
+            lambda: engine.count_tokens(inputs, engine.prompt_text(body.prompt_name)),
+            body.truncate,
+            body.truncation_direction,
+        )
+        return [row.tolist() for row in rows]
+
     @app.post("/embed_sparse")
     async def embed_sparse(body: EmbedSparseRequest, request: Request) -> list[list[dict[str, Any]]]:
         server.check_task("sparse", "/embed_sparse")
-        texts = as_list(body.inputs)
-        server.check_count(len(texts), "inputs")
-        server.check_prompt(body.prompt_name)
+        inputs = parse_inputs(body.inputs, engine)
+        server.check_count(len(inputs), "inputs")
+        server.check_prompt("sparse", body.prompt_name, inputs)
         rows, _ = await server.compute(
-            request, "sparse", texts, lambda: engine.count_tokens(texts), body.truncate, body.truncation_direction
+            request,
+            Operation("sparse", body.prompt_name),
+            inputs,
+            lambda: engine.count_tokens(inputs, engine.prompt_text(body.prompt_name)),
+            body.truncate,
+            body.truncation_direction,
         )
         return [[{"index": index, "value": value} for index, value in row] for row in rows]
 
     @app.post("/embed_multi")
     async def embed_multi(body: EmbedMultiRequest, request: Request) -> list[dict[str, Any]]:
         server.check_task("multi", "/embed_multi")
-        texts = as_list(body.inputs)
-        server.check_count(len(texts), "inputs")
+        inputs = parse_inputs(body.inputs, engine)
+        server.check_count(len(inputs), "inputs")
         if not body.outputs:
             raise errors.validation("`outputs` cannot be empty: name dense, sparse or colbert")
         outputs = tuple(name for name in ("dense", "sparse", "colbert") if name in body.outputs)
         answers, _ = await server.compute(
             request,
-            ("multi", outputs),
-            texts,
-            lambda: engine.count_tokens(texts),
+            Operation("multi", outputs=outputs),
+            inputs,
+            lambda: engine.count_tokens(inputs),
             body.truncate,
             body.truncation_direction,
         )
@@ -422,7 +525,7 @@ def create_app(engine: Engine, settings: Settings, metrics: Metrics | None = Non
     async def rerank(body: RerankRequest, request: Request) -> list[dict[str, Any]]:
         server.check_task("rerank", "/rerank")
         server.check_count(len(body.texts), "texts")
-        check_text(body.query, "query")
+        check_query(body.query)
         as_list(body.texts, "texts")
         logits = await _rerank_logits(server, request, body.query, body.texts, body.truncate, body.truncation_direction)
         ranked = []
@@ -440,7 +543,7 @@ def create_app(engine: Engine, settings: Settings, metrics: Metrics | None = Non
         as_list([text for pair in pairs for text in pair])
         logits, _ = await server.compute(
             request,
-            "rerank",
+            Operation("rerank"),
             pairs,
             lambda: engine.count_pair_tokens(pairs),
             body.truncate,
@@ -458,27 +561,34 @@ def create_app(engine: Engine, settings: Settings, metrics: Metrics | None = Non
     async def tokenize(body: TokenizeRequest) -> list[list[dict[str, Any]]]:
         texts = as_list(body.inputs)
         server.check_count(len(texts), "inputs")
-        server.check_prompt(body.prompt_name)
-        return await asyncio.to_thread(engine.tokenize, texts, body.add_special_tokens)
+        server.check_prompt("tokenize", body.prompt_name)
+        prompt = engine.prompt_text(body.prompt_name)
+        with server.admitted():  # the tokenizer's threads are bounded as the model's queue is
+            return await asyncio.to_thread(engine.tokenize, texts, body.add_special_tokens, prompt)
 
     @app.post("/decode")
     async def decode(body: DecodeRequest) -> list[str]:
         sequences = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
         server.check_count(len(sequences), "ids")
         try:
-            return await asyncio.to_thread(engine.decode, sequences, body.skip_special_tokens)
+            with server.admitted():
+                return await asyncio.to_thread(engine.decode, sequences, body.skip_special_tokens)
         except ValueError as error:
             raise errors.validation(str(error)) from None
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> dict[str, Any]:
         server.check_task("embed", "/v1/embeddings")
-        if not isinstance(body.input, str) and any(not isinstance(text, str) for text in body.input):
-            raise errors.validation("`input`: token ids are not served; send the texts (a string or a list of them)")
-        texts = as_list(body.input, "input")
-        server.check_count(len(texts), "input")
+        inputs = parse_inputs(body.input, engine, "input")
+        server.check_count(len(inputs), "input")
+        server.check_prompt("embed", body.prompt_name, inputs)
         vectors, tokens = await server.compute(
-            request, "embed", texts, lambda: engine.count_tokens(texts), None, "right"
+            request,
+            Operation("embed", body.prompt_name),
+            inputs,
+            lambda: engine.count_tokens(inputs, engine.prompt_text(body.prompt_name)),
+            None,
+            "right",
         )
         data = []
         for index, vector in enumerate(vectors):
@@ -496,7 +606,7 @@ def create_app(engine: Engine, settings: Settings, metrics: Metrics | None = Non
         server.check_task("rerank", route)
         server.check_count(len(body.documents), "documents")
         documents = [document if isinstance(document, str) else document.text for document in body.documents]
-        check_text(body.query, "query")
+        check_query(body.query)
         as_list(documents, "documents")
         logits = await _rerank_logits(server, request, body.query, documents, None, "right")
         results = []
@@ -528,7 +638,7 @@ async def _rerank_logits(
 ) -> list[torch.Tensor]:
     pairs = [(query, text) for text in texts]
     logits, _ = await server.compute(
-        request, "rerank", pairs, lambda: server.engine.count_pair_tokens(pairs), truncate, direction
+        request, Operation("rerank"), pairs, lambda: server.engine.count_pair_tokens(pairs), truncate, direction
     )
     return logits
 

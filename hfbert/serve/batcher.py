@@ -9,7 +9,7 @@ queue-full refusals while the model computes. An input whose request is gone (th
 was cancelled) before its batch starts is dropped.
 
 A result does not depend on its batch beyond fp32 rounding: the encoders compute each text from its own tokens only
-(docs/serving.md states the bound, tests/test_serve_concurrency.py checks it).
+(docs/serving.md states the bound, tests/test_serve.py checks it).
 """
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ Everything the server computes goes through `Engine`, so that replacing the enco
 
 Dense vectors come from the pipeline without its final Normalize: `/embed` normalizes when asked (TEI's
 `normalize`, true by default) after `dimensions` truncates, as sentence-transformers' `truncate_dim` does.
+
+An `Operation` names what a batch computes: its kind, the request's prompt name (None: the server's prompt) and
+whether its inputs are texts or token ids. Texts go through the encoders' public calls (`encode`, `predict`,
+`embed_m3`) with the prompt put before each. Token ids are the model's input as given (TEI and OpenAI take them):
+no prompt or special token is added, so the ids `/tokenize` gives for a text compute what the text computes. They
+run the encoders' inference steps on a padded batch of those ids; so do the per-token vectors of `/embed_all` (the
+encoder's last hidden state, every real token, as sentence-transformers' `encode(output_value="token_embeddings")`).
 """
 
 from __future__ import annotations
@@ -29,13 +36,15 @@ from converters.json_files import read_json_object
 from hfbert.tools.retrieval import LoadOptions
 
 TASKS = ("embed", "rerank", "sparse", "m3")
-# What each task serves, by operation.
+# What each task serves, by operation ("tokens": the per-token vectors of /embed_all).
 OPERATIONS = {
-    "embed": ("embed",),
+    "embed": ("embed", "tokens"),
     "rerank": ("rerank", "predict"),
     "sparse": ("sparse",),
-    "m3": ("embed", "sparse", "multi"),
+    "m3": ("embed", "tokens", "sparse", "multi"),
 }
+# The operations whose inputs may be token ids (the encoders' texts; a reranker's inputs are pairs of texts).
+ID_OPERATIONS = ("embed", "tokens", "sparse", "multi")
 # How errors name a task to a client.
 TASK_NAMES = {
     "embed": "an embedding model",
@@ -53,6 +62,18 @@ class EngineOptions:
     pooling: str | None = None
     prompt_name: str | None = None
     load: LoadOptions = field(default_factory=LoadOptions)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What one batch computes: inputs of equal operations only share a batch. `kind`: "embed", "tokens", "rerank",
+    "sparse" or "multi"; `prompt_name`: the request's prompt (None: the server's); `outputs`: bge-m3's outputs of
+    "multi"; `ids`: the inputs are token id sequences, not texts."""
+
+    kind: str
+    prompt_name: str | None = None
+    outputs: tuple[str, ...] = ()
+    ids: bool = False
 
 
 def detect_task(directory: Path, pooling: str | None = None) -> str:
@@ -103,6 +124,7 @@ class Engine:
                 options=load,
             )
             self.prompt = self.encoder.pipeline.prompt or ""
+            self.prompts: dict[str, Any] = self.encoder.prompts
             self.dimension = self.encoder.dimension
             self.pooling = "+".join(self.encoder.pooling)
             if self.task == "m3":
@@ -116,6 +138,7 @@ class Engine:
             id2label = config.get("id2label") or {}
             self.labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(self.dimension)]
             self.pooling = ""
+            self.prompts = self.encoder.settings.prompts
             self.prompt = self._prompt_of(options.prompt_name)
         else:
             from hfbert.tools.sparse import SparseEncoder
@@ -123,14 +146,40 @@ class Engine:
             self.encoder = SparseEncoder(self.directory, options=load)
             self.dimension = self.encoder.dimension
             self.pooling = "splade"
+            self.prompts = self.encoder.settings.prompts
             self.prompt = self._prompt_of(options.prompt_name)
         self.max_input_length: int = self.encoder.max_length
         self.tokenizer = self.encoder.tokenizer
+        self.vocabulary_size: int = self.encoder.model.config.vocab_size
 
     def _prompt_of(self, prompt_name: str | None) -> str:
         from hfbert.tools.head_checkpoint import prompt_of
 
         return prompt_of(self.encoder.settings, self.directory, None, prompt_name)
+
+    def prompt_text(self, prompt_name: str | None) -> str:
+        """The text put before each input for a request's `prompt_name`: the folder's prompt of that name, as
+        sentence-transformers' `encode(prompt_name=...)` puts it; None: the server's prompt (`--prompt-name`, else
+        the folder's default). ValueError naming the prompts there are for a name the folder does not have."""
+        if prompt_name is None:
+            return self.prompt
+        if prompt_name not in self.prompts:
+            names = ", ".join(map(repr, self.prompts)) or "none"
+            raise ValueError(f"prompt_name {prompt_name!r} is not one of the model's prompts ({names})")
+        from hfbert.tools.sentence_transformers_pipeline import prompt_text
+
+        return prompt_text(self.prompts, prompt_name, self.directory) or ""
+
+    def check_prompt(self, operation: str, prompt_name: str | None) -> str:
+        """`prompt_text(prompt_name)`, checked for `operation`: ValueError for a name the folder does not have, and
+        for a prompt other than the server's on bge-m3's sparse weights (`embed_m3` takes the server's only)."""
+        text = self.prompt_text(prompt_name)
+        if self.task == "m3" and operation in ("sparse", "multi") and text != self.prompt:
+            raise ValueError(
+                f"prompt_name {prompt_name!r}: bge-m3's sparse weights are computed with the server's prompt only "
+                "(hfbert serve --prompt-name)"
+            )
+        return text
 
     def serves(self, operation: str) -> bool:
         """Whether this model's task answers `operation` ("embed", "rerank", "predict", "sparse")."""
@@ -148,12 +197,41 @@ class Engine:
         return encoder.describe()
 
     # -- tokens ------------------------------------------------------------------------------------------------------
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text as the model would see it untruncated (the prompt and special tokens counted)."""
-        if not texts:
-            return []
-        encoded = self.tokenizer([self.prompt + text for text in texts], truncation=False)["input_ids"]
-        return [len(ids) for ids in encoded]
+    def count_tokens(self, inputs: Sequence[str | Sequence[int]], prompt: str | None = None) -> list[int]:
+        """Tokens of each input as the model would see it untruncated: a text with `prompt` (None: the server's) and
+        the special tokens counted, a sequence of token ids its length."""
+        prompt = self.prompt if prompt is None else prompt
+        texts = [prompt + text for text in inputs if isinstance(text, str)]
+        counts = iter(len(ids) for ids in self.tokenizer(texts, truncation=False)["input_ids"]) if texts else iter(())
+        return [next(counts) if isinstance(item, str) else len(item) for item in inputs]
+
+    def check_ids(self, ids: Sequence[int], where: str = "inputs") -> None:
+        """ValueError, naming the input `where`, for an empty sequence of token ids or an id outside the model's
+        vocabulary."""
+        if not ids:
+            raise ValueError(f"{where}: an empty list of token ids")
+        for token_id in ids:
+            if not 0 <= token_id < self.vocabulary_size:
+                raise ValueError(
+                    f"{where}: {token_id} is not a token id (the model's vocabulary has {self.vocabulary_size})"
+                )
+
+    def truncated_left(self, text: str, prompt: str) -> list[int]:
+        """The ids of `prompt + text` cut on the left to the model's length, its special tokens kept, as a tokenizer
+        truncating on the left cuts them (TEI's `truncation_direction: left`). ValueError where the pooling leaves
+        the prompt out: the ids would no longer begin with it."""
+        if prompt and not getattr(getattr(self.encoder, "pipeline", None), "include_prompt", True):
+            raise ValueError(
+                "truncation_direction left: this model's pooling leaves its prompt out, which a text cut on the left "
+                "no longer begins with; shorten the input"
+            )
+        encoded = self.tokenizer(prompt + text, truncation=False, return_special_tokens_mask=True)
+        ids, special = encoded["input_ids"], encoded["special_tokens_mask"]
+        front = next((index for index, added in enumerate(special) if not added), len(ids))
+        back = next((index for index, added in enumerate(reversed(special)) if not added), 0)
+        content = ids[front : len(ids) - back]
+        kept = max(0, self.max_input_length - front - back)
+        return ids[:front] + content[len(content) - kept :] + ids[len(ids) - back :]
 
     def count_pair_tokens(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
         """Tokens of each (first, second) pair, untruncated."""
@@ -163,13 +241,15 @@ class Engine:
         encoded = self.tokenizer(firsts, [second for _, second in pairs], truncation=False)["input_ids"]
         return [len(ids) for ids in encoded]
 
-    def tokenize(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[dict[str, Any]]]:
+    def tokenize(
+        self, texts: Sequence[str], add_special_tokens: bool = True, prompt: str = ""
+    ) -> list[list[dict[str, Any]]]:
         """TEI's `/tokenize` answer: per text, its tokens `{"id", "text", "special", "start", "stop"}`, untruncated;
         `start` / `stop` are UTF-8 byte offsets into the text (TEI's), None for the special tokens the tokenizer
-        adds; `add_special_tokens=False` leaves those out."""
-        encoded = self.tokenizer(
-            list(texts), truncation=False, return_offsets_mapping=True, return_special_tokens_mask=True
-        )
+        adds; `add_special_tokens=False` leaves those out. `prompt` goes before each text, as the model sees it (the
+        offsets count into the prompted text, as TEI's)."""
+        texts = [prompt + text for text in texts]
+        encoded = self.tokenizer(texts, truncation=False, return_offsets_mapping=True, return_special_tokens_mask=True)
         result = []
         for text, ids, offsets, special in zip(
             texts, encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], strict=True
@@ -196,25 +276,43 @@ class Engine:
         return [self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens) for ids in sequences]
 
     # -- the model -----------------------------------------------------------------------------------------------------
-    def run(self, operation: str, inputs: list[Any]) -> list[Any]:
+    def run(self, operation: Operation, inputs: list[Any]) -> list[Any]:
         """The model's outputs for one batch, one per input, in order: "embed" a (dimension,) float32 vector (not
-        normalized); "rerank" the (labels,) raw logits of a (first, second) pair; "sparse" a list of (token id,
-        weight) with nonzero weights, by id; ("multi", outputs) bge-m3's `multi` outputs."""
-        if operation == "embed":
-            return list(self.embed(inputs))
-        if operation == "rerank":
+        normalized); "tokens" a (tokens, hidden size) float32 tensor; "rerank" the (labels,) raw logits of a (first,
+        second) pair; "sparse" a list of (token id, weight) with nonzero weights, by id; "multi" bge-m3's outputs
+        (`multi`)."""
+        if operation.ids:
+            return self._run_ids(operation, inputs)
+        prompt = self.prompt_text(operation.prompt_name)
+        if operation.kind == "embed":
+            return list(self.embed(inputs, prompt))
+        if operation.kind == "tokens":
+            return self.token_vectors(inputs, prompt)
+        if operation.kind == "rerank":
             return list(self.logits(inputs))
-        if operation == "sparse":
-            return self.sparse(inputs)
-        if isinstance(operation, tuple) and operation[0] == "multi":
-            return self.multi(inputs, operation[1])
-        raise ValueError(f"unknown operation {operation!r}; expected embed, rerank, sparse or (multi, outputs)")
+        if operation.kind == "sparse":
+            return self.sparse(inputs, prompt)
+        if operation.kind == "multi":
+            return self.multi(inputs, operation.outputs)
+        raise ValueError(f"unknown operation {operation.kind!r}; expected embed, tokens, rerank, sparse or multi")
 
-    def embed(self, texts: list[str]) -> Tensor:
+    def embed(self, texts: list[str], prompt: str | None = None) -> Tensor:
+        """(texts, dimension) vectors, `prompt` (None: the server's) before each text."""
         batch_size = max(1, len(texts))  # the batcher has sized the batch by tokens already: one model call
-        if self.task == "m3":
-            return self.encoder.embed_m3(texts, outputs=("dense",), batch_size=batch_size)["dense_vecs"]
-        return self.encoder.encode(texts, batch_size=batch_size, convert_to_tensor=True)
+        prompt = self.prompt if prompt is None else prompt
+        if prompt == self.prompt:  # None: the encoder's own prompt, whose length it has measured once
+            if self.task == "m3":
+                return self.encoder.embed_m3(texts, outputs=("dense",), batch_size=batch_size)["dense_vecs"]
+            return self.encoder.encode(texts, batch_size=batch_size, convert_to_tensor=True)
+        return self.encoder.encode(texts, prompt=prompt, batch_size=batch_size, convert_to_tensor=True)
+
+    @torch.no_grad()
+    def token_vectors(self, texts: list[str], prompt: str | None = None) -> list[Tensor]:
+        """Each text's (tokens, hidden size) last hidden state, its real tokens only (the prompt's and the special
+        tokens included), `prompt` (None: the server's) before it."""
+        prompt = self.prompt if prompt is None else prompt
+        # The library's batching tokenizes as `encode` does (prompt, truncation, lower-casing): only the step differs.
+        return self.encoder._in_order(self._hidden_rows, texts, prefix=prompt, batch_size=max(1, len(texts)))
 
     def logits(self, pairs: list[tuple[str, str]]) -> Tensor:
         scores = self.encoder.predict(
@@ -236,19 +334,68 @@ class Engine:
         answers: list[dict[str, Any]] = [{} for _ in texts]
         for name in outputs:
             for answer, value in zip(answers, result[RESULT_KEYS[name]], strict=True):
-                if name == "sparse":
-                    value = sorted((int(token), float(weight)) for token, weight in value.items())
-                answer[name] = value
+                answer[name] = _sparse_pairs(value) if name == "sparse" else value
         return answers
 
-    def sparse(self, texts: list[str]) -> list[list[tuple[int, float]]]:
-        if self.task == "m3":
+    def sparse(self, texts: list[str], prompt: str | None = None) -> list[list[tuple[int, float]]]:
+        prompt = self.prompt if prompt is None else prompt
+        if self.task == "m3":  # the server's prompt (`check_prompt` refuses another)
             return [answer["sparse"] for answer in self.multi(texts, ("sparse",))]
         vectors = self.encoder.encode(
-            texts, prompt=self.prompt, batch_size=max(1, len(texts)), convert_to_sparse_tensor=False
+            texts, prompt=prompt, batch_size=max(1, len(texts)), convert_to_sparse_tensor=False
         )
-        result = []
-        for vector in vectors.cpu():
-            ids = vector.nonzero().flatten()
-            result.append(list(zip(ids.tolist(), vector[ids].tolist(), strict=True)))
-        return result
+        return [_nonzero(vector) for vector in vectors.cpu()]
+
+    # -- token ids -----------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _run_ids(self, operation: Operation, sequences: list[Sequence[int]]) -> list[Any]:
+        """`run` on token id sequences: the encoders' inference steps on a padded batch of exactly those ids."""
+        batch = self.tokenizer.pad(
+            {"input_ids": [list(ids) for ids in sequences]}, return_attention_mask=True, return_tensors="pt"
+        ).to(self.encoder.device)
+        if operation.kind == "tokens":
+            return self._hidden_rows(batch)
+        if operation.kind == "sparse" and self.task == "sparse":
+            return [_nonzero(vector) for vector in self.encoder._vectors(batch, self.encoder.max_active_dims).cpu()]
+        if operation.kind in ("embed", "sparse", "multi"):
+            outputs = {"embed": ("dense",), "sparse": ("sparse",)}.get(operation.kind, operation.outputs)
+            rows = self._pipeline_rows(batch, outputs)
+            return [row[outputs[0]] for row in rows] if operation.kind != "multi" else rows
+        raise ValueError(f"{operation.kind} takes texts, not token ids")
+
+    def _hidden_rows(self, batch: Any) -> list[Tensor]:
+        """The inference step of "tokens": each row's last hidden state at its real tokens, float32 on the CPU."""
+        hidden = self.encoder.model(**batch, return_dict=True).last_hidden_state
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        return [row[:length].float().cpu() for row, length in zip(hidden, lengths, strict=True)]
+
+    def _pipeline_rows(self, batch: Any, outputs: Sequence[str]) -> list[dict[str, Any]]:
+        """An `Embedder`'s `outputs` ("dense", and bge-m3's "sparse", "colbert") of a batch of ids, from one pass:
+        `embed_m3`'s step, with no prompt left out of the pooling (the ids carry none of the server's)."""
+        hidden = self.encoder.model(**batch, return_dict=True).last_hidden_state
+        mask = batch["attention_mask"]
+        columns: dict[str, list[Any]] = {}
+        if "dense" in outputs:
+            pooling = self.encoder.pipeline.modules.pooling
+            pooling.prompt_length = 0
+            try:
+                columns["dense"] = list(self.encoder.pipeline.modules(hidden, mask).cpu())
+            finally:
+                pooling.prompt_length = self.encoder.prompt_length
+        if "sparse" in outputs:
+            weights = self.encoder.m3_heads.lexical_weights(hidden, mask, batch["input_ids"])
+            columns["sparse"] = [_sparse_pairs(row) for row in weights]
+        if "colbert" in outputs:
+            columns["colbert"] = self.encoder.m3_heads.colbert_vectors(hidden, mask)
+        return [{name: columns[name][index] for name in outputs} for index in range(len(mask))]
+
+
+def _nonzero(vector: Tensor) -> list[tuple[int, float]]:
+    """A dense (vocabulary,) vector's nonzero (token id, weight) pairs, by id."""
+    ids = vector.nonzero().flatten()
+    return list(zip(ids.tolist(), vector[ids].tolist(), strict=True))
+
+
+def _sparse_pairs(weights: dict[str, float]) -> list[tuple[int, float]]:
+    """bge-m3's `{str(token id): weight}` as (token id, weight) pairs, by id."""
+    return sorted((int(token), float(weight)) for token, weight in weights.items())

@@ -13,6 +13,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 Dimensions = Annotated[StrictInt, Field(ge=1)]
+# TEI's `EmbeddingInput` (and OpenAI's `input`): a text, a list of token ids, or a list of texts and lists of ids.
+# One list of ints is one input; `app.parse_inputs` tells the forms apart and names a stray id in a list of texts.
+Inputs = StrictStr | list[StrictStr | StrictInt | list[StrictInt]]
 Direction = Literal["left", "right", "Left", "Right"]
 
 
@@ -23,7 +26,7 @@ class Request(BaseModel):
 class EmbedRequest(Request):
     """`POST /embed`. `normalize` defaults to true, as TEI's."""
 
-    inputs: StrictStr | list[StrictStr]
+    inputs: Inputs
     truncate: StrictBool | None = None
     truncation_direction: Direction = "right"
     prompt_name: StrictStr | None = None
@@ -31,10 +34,19 @@ class EmbedRequest(Request):
     dimensions: Dimensions | None = None
 
 
+class EmbedAllRequest(Request):
+    """`POST /embed_all`: each input's per-token vectors (the encoder's last hidden state)."""
+
+    inputs: Inputs
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: StrictStr | None = None
+
+
 class EmbedSparseRequest(Request):
     """`POST /embed_sparse`."""
 
-    inputs: StrictStr | list[StrictStr]
+    inputs: Inputs
     truncate: StrictBool | None = None
     truncation_direction: Direction = "right"
     prompt_name: StrictStr | None = None
@@ -43,7 +55,7 @@ class EmbedSparseRequest(Request):
 class EmbedMultiRequest(Request):
     """`POST /embed_multi` (bge-m3): any of its three outputs of each input, from one forward pass."""
 
-    inputs: StrictStr | list[StrictStr]
+    inputs: Inputs
     outputs: list[Literal["dense", "sparse", "colbert"]] = ["dense", "sparse", "colbert"]
     truncate: StrictBool | None = None
     truncation_direction: Direction = "right"
@@ -86,14 +98,16 @@ class DecodeRequest(Request):
 
 
 class OpenAIEmbeddingRequest(Request):
-    """`POST /v1/embeddings`, as OpenAI's: `input` one text or a list (token ids are parsed, to be refused with a
-    clear error: the encoders take texts); vectors are unit length."""
+    """`POST /v1/embeddings`, as OpenAI's: `input` one text, a list of token ids, or a list of texts or of lists of
+    ids; vectors are unit length. `prompt_name` is hfbert's (as on `/embed`; the openai client sends it in
+    `extra_body`)."""
 
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    input: Inputs
     model: StrictStr | None = None
     user: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions | None = None
+    prompt_name: StrictStr | None = None
 
 
 class Document(Request):
