@@ -2,11 +2,16 @@
 
 - `family.py`: the family table, one `Member` row per model_type; every registry is read from it;
 - `config.py`: `BertConfig`, the typed mirror of config.json (a member's config class lives in its model file);
-- `model.py`: `BertModel`, the encoder top to bottom (embeddings, layers, pooler), and the layer protocol;
+- `encoder.py`: `EncoderModel`, the encoder's forward written once (checks, positions, layout, embeddings, the layer
+  loop, outputs) with the hooks a member fills, and the layer protocol (`EncoderLayer`);
+- `model.py`: `BertModel`, BERT's encoder top to bottom (embeddings, layers, pooler);
 - `roberta.py`: RoBERTa, XLM-RoBERTa and CamemBERT, BERT with named differences, and their heads;
 - `mpnet.py`: MPNet, BERT's encoder with other names and a relative-position bias, and its heads;
 - `modernbert.py`: ModernBERT, its own encoder top to bottom (pre-LayerNorm, rotary, local windows, GeGLU), its heads;
+- `task.py`: what every member's task models share (`TaskModel`, `MaskedLanguageModel`), and transformers' losses
+  and pooling rules as functions;
 - `heads.py`: BERT's task models (`BertForMaskedLM`, ...);
+- `shared_heads.py`: the heads RoBERTa and MPNet both have (`lm_head`, `classifier.dense / out_proj`);
 - `auto.py`: `AutoModel*`, the class config.json's model_type names;
 - `attention.py`: multi-head attention, eager and sdpa;
 - `local_attention.py`: attention within a window, computed as a band (cost length x window);

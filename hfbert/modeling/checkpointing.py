@@ -38,7 +38,7 @@ class Checkpointing:
 
     def run(self, layer: Callable[..., Any], hidden_states: torch.Tensor, batch: PaddedBatch) -> Any:
         """`layer(hidden_states, batch)`, its activations recomputed in the backward pass instead of kept (training
-        runs padded: `BertModel.layout`). `layer` is a layer's computation (`BertLayer.compute`), not the module:
+        runs padded: `EncoderModel.layout`). `layer` is a layer's computation (`BertLayer.compute`), not the module:
         the layer calls this from its forward, so hooks on the layer run once, outside the recomputation."""
 
         # The batch's attention bias (MPNet's, one graph shared by every layer) goes in as a tensor argument of its

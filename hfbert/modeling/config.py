@@ -288,6 +288,17 @@ class BertConfig:
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def feed_forward_activation(self) -> str:
+        """The name of the feed-forward block's activation, whichever field the member keeps it in (BERT's
+        `hidden_act`, ModernBERT's `hidden_activation`)."""
+        return self.hidden_act
+
+    def attention_pattern(self) -> str | None:
+        """Which layers attend how, in words, for a member whose layers differ (ModernBERT's global and local
+        layers); None where every layer attends to every key alike."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         # Unknown config.json keys read like fields, as they do on transformers' configs.
         extra = self.__dict__.get("extra_fields", {})

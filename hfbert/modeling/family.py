@@ -1,11 +1,14 @@
 """The family: one record per member (`Member`), and the table of them (`MEMBERS`). Every registry is read from it.
 
-A member is what config.json's `model_type` names: its config class, its classes by task, its tokenizer, whether it
-has token types, and the names transformers gives the same things (its class names, and where its layers keep their
-self-attention, for `hfbert parity`'s per-layer maps). Two facts ride on the config class, because the floors under
-this table need them when they read a config.json or a checkpoint: how the member counts positions (`positions`,
-`positions.py`) and how its checkpoints name their tensors (`key_layout`, `converters.key_map`). Its special tokens
-are its tokenizer class's.
+A member is what config.json's `model_type` names: its config class, its classes by task, its tokenizer (and whether
+model_type decides it over tokenizer_config.json's class), whether it has token types, the modules of its masked-LM
+head and decoder, whether transformers' model of it is exact in float64, and the names transformers gives the same
+things (its class names, and where its layers keep their self-attention, for `hfbert parity`'s per-layer maps).
+Tools read these here and probe no model. Two facts ride on the config class, because the floors under this table
+need them when they read a config.json or a checkpoint: how the member counts positions (`positions`,
+`positions.py`) and how its checkpoints name their tensors (`key_layout`, `converters.key_map`); two on its model
+classes, whose code reads them: where the layer list sits (`layers`) and the tensor prefixes of the masked-LM head
+(`masked_lm_heads`). Its special tokens are its tokenizer class's.
 
 `hfbert.AutoModel*`, `AutoTokenizer`, `BertConfig.from_dict` (through the config classes), the checkpoint loader's
 family check, `hfbert parity`, `embed`, `convert` and `inspect` all find a member here. Adding one is a row below and
@@ -65,6 +68,30 @@ class Member:
     token_types: bool  # whether the embeddings have `token_type_embeddings` (MPNet's have none)
     reference: str  # transformers' class-name prefix ("XLMRoberta": XLMRobertaModel, XLMRobertaConfig, ...)
     reference_attention: str  # where transformers' layer keeps its self-attention (parity's per-layer maps)
+    # The modules of the masked LM, applied in turn, that turn the last hidden state into vocabulary logits, by the
+    # same names in both libraries (BERT's `cls.predictions`; ModernBERT's `head`, then `decoder`).
+    masked_lm_modules: tuple[str, ...]
+    decoder: str  # the masked LM's vocabulary projection (its output embeddings), by module name in both libraries
+    # Whether config.json's model_type decides the tokenizer over tokenizer_config.json's `tokenizer_class`, as
+    # transformers 5 does for the members whose Hub files name the wrong class (its
+    # MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: ModernBERT's say "PreTrainedTokenizerFast").
+    tokenizer_over_class: bool = False
+    # Whether transformers' model of this member, cast to float64, computes in float64 throughout with its eager
+    # kernel (parity's exact reference as it is). ModernBERT's takes the softmax and its rotary angles in float32.
+    reference_float64_exact: bool = True
+
+    @property
+    def layers(self) -> str:
+        """Where the encoder keeps its layer list, by module name in both libraries ("encoder.layer", "layers"); the
+        model class states it, since its forward reads it (`EncoderModel.layers_path`)."""
+        return self.classes["model"].layers_path
+
+    @property
+    def masked_lm_heads(self) -> tuple[str, ...]:
+        """The tensor-name prefixes of the masked LM's head (BERT's `cls.predictions.`, RoBERTa's `lm_head.`,
+        ModernBERT's `head.` and `decoder.`); the masked-LM class states them, since the loader reads them there
+        (`heads`). A checkpoint without a tensor under one of them has no masked-LM head (`auto.absent_heads`)."""
+        return self.classes["masked-lm"].heads
 
     @property
     def positions(self) -> PositionScheme:
@@ -100,6 +127,8 @@ MEMBERS: tuple[Member, ...] = (
         token_types=True,
         reference="Bert",
         reference_attention="attention.self",
+        masked_lm_modules=("cls.predictions",),
+        decoder="cls.predictions.decoder",
     ),
     Member(
         model_type="roberta",
@@ -117,6 +146,8 @@ MEMBERS: tuple[Member, ...] = (
         token_types=True,
         reference="Roberta",
         reference_attention="attention.self",
+        masked_lm_modules=("lm_head",),
+        decoder="lm_head.decoder",
     ),
     Member(
         model_type="xlm-roberta",
@@ -134,6 +165,8 @@ MEMBERS: tuple[Member, ...] = (
         token_types=True,
         reference="XLMRoberta",
         reference_attention="attention.self",
+        masked_lm_modules=("lm_head",),
+        decoder="lm_head.decoder",
     ),
     Member(
         model_type="camembert",
@@ -151,6 +184,8 @@ MEMBERS: tuple[Member, ...] = (
         token_types=True,
         reference="Camembert",
         reference_attention="attention.self",
+        masked_lm_modules=("lm_head",),
+        decoder="lm_head.decoder",
     ),
     Member(
         model_type="mpnet",
@@ -168,6 +203,8 @@ MEMBERS: tuple[Member, ...] = (
         token_types=False,
         reference="MPNet",
         reference_attention="attention.attn",
+        masked_lm_modules=("lm_head",),
+        decoder="lm_head.decoder",
     ),
     Member(
         model_type="modernbert",
@@ -185,6 +222,10 @@ MEMBERS: tuple[Member, ...] = (
         token_types=False,
         reference="ModernBert",
         reference_attention="attn",
+        masked_lm_modules=("head", "decoder"),
+        decoder="decoder",
+        tokenizer_over_class=True,
+        reference_float64_exact=False,
     ),
 )
 

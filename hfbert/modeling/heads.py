@@ -19,13 +19,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from converters.key_map import CLASSIFIER_HEAD, MLM_HEAD, NSP_HEAD, QA_HEAD, head_of
+from converters.key_map import CLASSIFIER_HEAD, MLM_HEAD, NSP_HEAD, QA_HEAD
 from hfbert.modeling.activations import ACTIVATIONS
 from hfbert.modeling.config import BertConfig
 from hfbert.modeling.inputs import class_labels
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.outputs import LogitsOutput, PreTrainingOutput, QuestionAnsweringOutput
-from hfbert.modeling.pretrained import BertPreTrainedModel, resized_rows
+from hfbert.modeling.pretrained import resized_rows
+from hfbert.modeling.task import (
+    MaskedLanguageModel,
+    TaskModel,
+    answer_spans,
+    flat_choices,
+    sequence_classification_loss,
+    token_classification_loss,
+)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -63,74 +71,23 @@ class BertPreTrainingHeads(nn.Module):
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-class _BertWithHead(BertPreTrainedModel):
-    """Shared by the task models: the encoder call and the transformers-style return."""
+class _BertWithHead(TaskModel):
+    """BERT's task models: `BertModel` at `bert.` (RoBERTa's and MPNet's at their prefix), and BERT's dropout rule
+    before a classifier."""
 
-    # The encoder's class; it is kept at `base_model_prefix` (`self.bert`, RoBERTa's `self.roberta`).
-    backbone_class: type[BertModel] = BertModel
-    # Whether the encoder comes after the heads in the module tree, as transformers registers it in XLM-RoBERTa's
-    # and CamemBERT's task models: parameter order is what an optimizer state is matched by.
-    encoder_after_heads: ClassVar[bool] = False
-
-    # Whether the encoder keeps its pooler (the heads that read it: BERT's next sentence, sequence classification
-    # and multiple choice).
-    pooling: ClassVar[bool] = False
-
-    def __init__(self, config: BertConfig, attn_implementation: str | None = None) -> None:
-        """The encoder at `base_model_prefix`, then the task's heads (`build_heads`), then transformers' init."""
-        super().__init__(config)
-        encoder = self.backbone_class(self.config, self.pooling, attn_implementation=attn_implementation)
-        self.add_module(self.base_model_prefix, encoder)
-        self.build_heads(self.config)
-        self.init_weights()
-
-    def build_heads(self, config: BertConfig) -> None:
-        """Add the task's head modules, under transformers' names (a family member overrides this, not __init__)."""
-
-    def init_weights(self) -> None:
-        if self.encoder_after_heads:
-            self._modules[self.base_model_prefix] = self._modules.pop(self.base_model_prefix)
-        super().init_weights()
-
-    def encode(self, **inputs: Any) -> Any:
-        """The encoder on forward's arguments, by keyword (a member without token types takes them only as all-zero
-        keywords, `mpnet.py`)."""
-        return self.backbone(**inputs, return_dict=True)
-
-    def finish(self, output: Any, return_dict: bool | None) -> Any:
-        # As transformers' task models (`can_return_tuple`): by truthiness, the config's when none is given.
-        if return_dict is None:
-            return_dict = getattr(self.config, "return_dict", True)
-        return output if return_dict else output.to_tuple()
+    backbone_class: ClassVar[type[BertModel]] = BertModel
 
     def classifier_dropout(self) -> nn.Dropout:
         probability = self.config.classifier_dropout
         return nn.Dropout(self.config.hidden_dropout_prob if probability is None else probability)
 
 
-class _MaskedLanguageModel(_BertWithHead):
+class _MaskedLanguageModel(_BertWithHead, MaskedLanguageModel):
+    """BERT's masked LMs (RoBERTa's and MPNet's too): a head whose `decoder` bias is also kept as its `bias`."""
+
     @property
     def prediction_head(self) -> nn.Module:
-        """The masked-LM head: hidden states -> vocabulary logits, with its `decoder` Linear (the output embeddings).
-        Every member's masked LM gives this module under this name (RoBERTa's `lm_head`, ModernBERT's `head` then
-        `decoder`): what runs a masked LM's head on hidden states of its own (SPLADE pooling) calls it."""
         return self.cls.predictions
-
-    def tied_weights(self) -> dict[str, str]:
-        """As transformers 5: with `tie_word_embeddings` the decoder's weight is the word embeddings and its bias the
-        head's `bias`; without, neither is tied (forward reads the decoder's own bias). A tie whose two tensors the
-        loaded checkpoint stores with different values is not made (`from_pretrained` warns), as in transformers."""
-        if not self.config.tie_word_embeddings:
-            return {}
-        tied = {}
-        for name, source in self.key_layout.tied_decoder.items():
-            if name in self._untied_weights:
-                continue
-            tied[name] = source if head_of(source, self.key_layout) is not None else self.base_prefix + source
-        return tied
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.prediction_head.decoder
 
     def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
         predictions = self.prediction_head
@@ -238,49 +195,6 @@ class BertForMaskedLM(_MaskedLanguageModel):
             loss = F.cross_entropy(logits.view(-1, self.config.vocab_size), labels)
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
-    @torch.no_grad()
-    def fill_mask(self, text: str, tokenizer: Any, top_k: int = 5) -> list[dict[str, Any]]:
-        """Top-k tokens for the single [MASK] in `text`, like transformers' fill-mask pipeline.
-
-        >>> model.fill_mask("Paris is the [MASK] of France.", tokenizer)[0]["token_str"]  # doctest: +SKIP
-        'capital'
-        """
-        if not 1 <= top_k <= self.config.vocab_size:
-            raise ValueError(f"top_k must be in [1, {self.config.vocab_size}] (the vocabulary size), got {top_k}")
-        # One token more than the model takes tells "too long" without tokenising all of a 5 MB text.
-        limit = self.config.max_sequence_length
-        encoding = tokenizer(text, truncation=True, max_length=limit + 1, return_tensors="pt")
-        if encoding["input_ids"].shape[1] > limit:
-            raise ValueError(f"the text is longer than the model's {limit} tokens (max_position_embeddings)")
-        input_ids = encoding["input_ids"].to(self.device)
-        positions = (input_ids[0] == tokenizer.mask_token_id).nonzero().flatten()
-        if len(positions) != 1:
-            raise ValueError(
-                f"fill_mask needs exactly one {tokenizer.mask_token!r} in the text, found {len(positions)}"
-            )
-        # RoBERTa's tokenizers give no token_type_ids: none means all zeros.
-        token_type_ids = encoding.get("token_type_ids")
-        logits = self(
-            input_ids=input_ids,
-            attention_mask=encoding["attention_mask"].to(self.device),
-            token_type_ids=token_type_ids.to(self.device) if token_type_ids is not None else None,
-            return_dict=True,
-        ).logits[0, positions[0]]
-        scores, token_ids = logits.float().softmax(-1).topk(top_k)
-        results = []
-        for score, token_id in zip(scores.tolist(), token_ids.tolist(), strict=True):
-            filled = input_ids[0].clone()
-            filled[positions[0]] = token_id
-            results.append(
-                {
-                    "score": score,
-                    "token": token_id,
-                    "token_str": tokenizer.decode([token_id], skip_special_tokens=False),
-                    "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=True),
-                }
-            )
-        return results
-
 
 class BertForNextSentencePrediction(_BertWithHead):
     heads = (NSP_HEAD,)
@@ -330,16 +244,6 @@ class BertForSequenceClassification(_BertWithHead):
         """The encoder's output -> (batch, num_labels) logits: BERT's classifier reads the pooler."""
         return self.classifier(self.dropout(encoded.pooler_output))
 
-    def problem_type(self, labels: Tensor) -> str:
-        """transformers' rule when config.problem_type is unset."""
-        if self.config.problem_type is not None:
-            return self.config.problem_type
-        if self.num_labels == 1:
-            return "regression"
-        if labels.dtype in (torch.long, torch.int):
-            return "single_label_classification"
-        return "multi_label_classification"
-
     def forward(
         self,
         input_ids: Tensor | None = None,
@@ -366,16 +270,7 @@ class BertForSequenceClassification(_BertWithHead):
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """transformers' loss for the problem type (`problem_type`): mean squared error, cross-entropy or binary
-        cross-entropy on the logits."""
-        problem = self.problem_type(labels)
-        if problem == "regression":
-            if self.num_labels == 1:
-                return F.mse_loss(logits.squeeze(), labels.squeeze())
-            return F.mse_loss(logits, labels)
-        if problem == "single_label_classification":
-            return F.cross_entropy(logits, class_labels("labels", labels, self.num_labels, len(logits)))
-        return F.binary_cross_entropy_with_logits(logits, labels)
+        return sequence_classification_loss(self.config, self.num_labels, logits, labels)
 
 
 class BertForTokenClassification(_BertWithHead):
@@ -408,10 +303,7 @@ class BertForTokenClassification(_BertWithHead):
             output_hidden_states=output_hidden_states,
         )
         logits = self.classifier(self.dropout(encoded.last_hidden_state))
-        loss = None
-        if labels is not None:
-            labels = class_labels("labels", labels, self.num_labels, logits.shape[:-1].numel())
-            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels)
+        loss = token_classification_loss(logits, labels, self.num_labels) if labels is not None else None
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
 
@@ -452,30 +344,6 @@ class BertForQuestionAnswering(_BertWithHead):
         return self.finish(output, return_dict)
 
 
-def answer_spans(
-    logits: Tensor,
-    start_positions: Tensor | None,
-    end_positions: Tensor | None,
-    hidden_states: tuple[Tensor, ...] | None,
-    attentions: tuple[Tensor, ...] | None,
-) -> QuestionAnsweringOutput:
-    """(batch, sequence, 2) logits -> start and end logits, and transformers' loss when both positions are given."""
-    start_logits, end_logits = logits.split(1, dim=-1)
-    start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
-    loss = None
-    if start_positions is not None and end_positions is not None:
-        # Positions outside the sequence (answers cut off by truncation) are clamped to one past the end and
-        # ignored, as in transformers.
-        ignored = start_logits.size(1)
-        start = start_positions.view(-1).clamp(0, ignored)
-        end = end_positions.view(-1).clamp(0, ignored)
-        loss = (
-            F.cross_entropy(start_logits, start, ignore_index=ignored)
-            + F.cross_entropy(end_logits, end, ignore_index=ignored)
-        ) / 2
-    return QuestionAnsweringOutput(loss, start_logits, end_logits, hidden_states, attentions)
-
-
 class BertForMultipleChoice(_BertWithHead):
     heads = (CLASSIFIER_HEAD,)
 
@@ -499,16 +367,12 @@ class BertForMultipleChoice(_BertWithHead):
     ) -> LogitsOutput | tuple:
         # (batch, choices, sequence) -> (batch * choices, sequence): every choice is encoded as its own row.
         num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-
-        def flat(tensor: Tensor | None, trailing: int = 1) -> Tensor | None:
-            return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
-
         encoded = self.encode(
-            input_ids=flat(input_ids),
-            attention_mask=flat(attention_mask),
-            token_type_ids=flat(token_type_ids),
-            position_ids=flat(position_ids),
-            inputs_embeds=flat(inputs_embeds, trailing=2),
+            input_ids=flat_choices(input_ids),
+            attention_mask=flat_choices(attention_mask),
+            token_type_ids=flat_choices(token_type_ids),
+            position_ids=flat_choices(position_ids),
+            inputs_embeds=flat_choices(inputs_embeds, trailing=2),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )

@@ -1,4 +1,4 @@
-"""`check_inputs`: every argument of `BertModel.forward` checked before any kernel runs.
+"""`check_inputs`: every argument of an encoder's forward checked before any kernel runs.
 
 An id outside the vocabulary, a sequence longer than the position table or a mask of the wrong shape otherwise
 ends deep inside a kernel ("index out of range in self", or a device-side assert on GPU). Here each problem is a

@@ -27,7 +27,7 @@ for the classifiers (pooled by `classifier_pooling`: the first column, "cls", or
 from __future__ import annotations
 
 import math
-from dataclasses import InitVar, dataclass, replace
+from dataclasses import InitVar, dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -36,22 +36,23 @@ from torch import Tensor, nn
 
 from converters.key_map import CLASSIFIER_HEAD, DECODER, MODERNBERT_KEYS, PREDICTION_HEAD, KeyLayout
 from hfbert.modeling.activations import ACTIVATIONS
-from hfbert.modeling.checkpointing import Checkpointing
 from hfbert.modeling.config import BertConfig, is_integer, is_number
-from hfbert.modeling.heads import (
-    BertForMaskedLM,
-    BertForSequenceClassification,
-    _BertWithHead,
-    _MaskedLanguageModel,
-    answer_spans,
-)
-from hfbert.modeling.inputs import check_inputs, check_no_token_types, class_labels
-from hfbert.modeling.model import BertModel, wants_tuple
+from hfbert.modeling.encoder import EncoderLayer, EncoderModel
+from hfbert.modeling.inputs import check_no_token_types, class_labels
 from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnsweringOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.positions import PositionScheme, RotaryPositions
 from hfbert.modeling.pretrained import BertPreTrainedModel, resized_rows
 from hfbert.modeling.rotary import rotate
+from hfbert.modeling.task import (
+    MaskedLanguageModel,
+    TaskModel,
+    answer_spans,
+    flat_choices,
+    pooled,
+    sequence_classification_loss,
+    token_classification_loss,
+)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 DEFAULT_THETAS = {FULL: 160_000.0, SLIDING: 10_000.0}
@@ -160,6 +161,25 @@ class ModernBertConfig(BertConfig):
     def window(self, layer_index: int) -> int | None:
         """How many columns away layer `layer_index` attends (None: every column)."""
         return self.sliding_window if self.layer_types[layer_index] == SLIDING else None
+
+    @property
+    def feed_forward_activation(self) -> str:
+        return self.hidden_activation
+
+    def attention_pattern(self) -> str:
+        """Which layers attend globally and which within a window, with each kind's rotary base.
+
+        >>> ModernBertConfig(num_hidden_layers=4).attention_pattern()
+        'global layers 0, 3 (rotary theta 160000); local layers 1, 2 (64 columns each side, rotary theta 10000)'
+        """
+        kinds: dict[str, list[int]] = {}
+        for index in range(self.num_hidden_layers):
+            kinds.setdefault("global" if self.window(index) is None else "local", []).append(index)
+        parts = []
+        for kind, layers in kinds.items():
+            reach = "" if kind == "global" else f"{self.window(layers[0])} columns each side, "
+            parts.append(f"{kind} layers {', '.join(map(str, layers))} ({reach}rotary theta {self.theta(layers[0]):g})")
+        return "; ".join(parts)
 
     def validate(self) -> None:
         super().validate()
@@ -277,7 +297,7 @@ class ModernBertMLP(nn.Module):
         return self.Wo(self.drop(self.act(input) * gate))
 
 
-class ModernBertEncoderLayer(nn.Module):
+class ModernBertEncoderLayer(EncoderLayer):
     """Pre-LayerNorm: `h + attn(attn_norm(h))`, then `h + mlp(mlp_norm(h))`. Keeps BERT's layer protocol
     (`model.BertLayer`): `forward(hidden_states, batch, checkpointing=None) -> (hidden_states, probabilities)`."""
 
@@ -288,13 +308,6 @@ class ModernBertEncoderLayer(nn.Module):
         self.attn = ModernBertAttention(config, layer_index)
         self.mlp_norm = _layer_norm(config)
         self.mlp = ModernBertMLP(config)
-
-    def forward(
-        self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch, checkpointing: Checkpointing | None = None
-    ) -> tuple[Tensor, Tensor | None]:
-        if checkpointing is not None:
-            return checkpointing.run(self.compute, hidden_states, batch)
-        return self.compute(hidden_states, batch)
 
     def compute(self, hidden_states: Tensor, batch: PaddedBatch | PackedBatch) -> tuple[Tensor, Tensor | None]:
         attention_output, probabilities = self.attn(self.attn_norm(hidden_states), batch)
@@ -308,7 +321,6 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
 
     config_class: ClassVar[type[BertConfig]] = ModernBertConfig
     base_model_prefix: ClassVar[str] = "model"
-    base_prefix: ClassVar[str] = "model."
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -349,18 +361,18 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
             self.enable_input_require_grads()
 
 
-class ModernBertModel(ModernBertPreTrainedModel):
+class ModernBertModel(ModernBertPreTrainedModel, EncoderModel):
     """The ModernBERT encoder; a drop-in for `transformers.ModernBertModel` (same state dict keys, forward arguments
     and outputs: the last hidden state, and with `output_hidden_states` the embeddings' output and every layer's,
     the last one after `final_norm`, as transformers records them).
 
-    As `BertModel`: "sdpa" (default) or "eager" attention, attention maps through eager, and in eval mode a
+    `EncoderModel`'s forward: "sdpa" (default) or "eager" attention, attention maps through eager, and in eval mode a
     right-padded batch runs padding-free (pad positions of the outputs are then zeros) unless `padding_free=False`.
     Left padding runs padded with positions counted from the first column, as in transformers (rotary positions
     are relative, so real tokens see the same thing either way). `token_type_ids` are accepted only all zero
     (ModernBERT has none; transformers drops any silently)."""
 
-    base_prefix: ClassVar[str] = ""
+    layers_path: ClassVar[str] = "layers"
 
     def __init__(
         self,
@@ -373,15 +385,12 @@ class ModernBertModel(ModernBertPreTrainedModel):
         has no pooler (`pooler` is None), so True is refused."""
         if add_pooling_layer:
             raise ValueError("ModernBERT has no pooler: add_pooling_layer must be False")
-        super().__init__(config)
+        super().__init__(config, attn_implementation, padding_free)
         config = self.config
-        self.attn_implementation = attn_implementation or config._attn_implementation or "sdpa"
-        self.padding_free = padding_free
         self.embeddings = ModernBertEmbeddings(config)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(config, index) for index in range(config.num_hidden_layers))
         self.final_norm = _layer_norm(config)
         self.pooler = None
-        self.checkpointing = Checkpointing(enabled=bool(getattr(config, "gradient_checkpointing", False)))
         self.init_weights()
 
     def forward(
@@ -398,54 +407,30 @@ class ModernBertModel(ModernBertPreTrainedModel):
         """Run the encoder; `attention_mask` (batch, sequence) is 1 for real tokens and 0 for padding. Bad inputs
         raise ValueError naming the argument and the limit (a sequence past `max_position_embeddings` too)."""
         check_no_token_types(kwargs, member="ModernBERT")
-        if output_attentions is None:
-            output_attentions = self.config.output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
-        config = self.config
-        check_inputs(config, self.device, input_ids, attention_mask, None, position_ids, inputs_embeds, self.dtype)
-        if position_ids is None:
-            position_ids = config.positions.position_ids(config, input_ids, inputs_embeds)
-        batch = self.layout(attention_mask, output_attentions).with_positions(position_ids)
-        input_ids, _, _, inputs_embeds = batch.embedding_inputs(input_ids, None, None, inputs_embeds)
-        hidden_states = self.embeddings(input_ids, inputs_embeds)
-        all_hidden_states, all_attentions = [], []
-        for index, layer in enumerate(self.layers):
-            if output_hidden_states:
-                all_hidden_states.append(hidden_states)
-            checkpointing = self.checkpointing if self.checkpointed(index) else None
-            hidden_states, probabilities = layer(hidden_states, batch, checkpointing)
-            if output_attentions:
-                all_attentions.append(probabilities)
-        hidden_states = self.final_norm(hidden_states)
-        if output_hidden_states:
-            all_hidden_states.append(hidden_states)
-        output = BertModelOutput(
-            last_hidden_state=batch.unpack(hidden_states),
-            hidden_states=tuple(batch.unpack(states) for states in all_hidden_states) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
+        return self.run(
+            input_ids,
+            attention_mask,
+            None,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
         )
-        return output.to_tuple() if wants_tuple(config, return_dict) else output
 
-    # BERT's rules for the layout of a call and the kernel switch, shared as they are.
-    layout = BertModel.layout
-    attn_implementation = BertModel.attn_implementation
+    def embed(
+        self,
+        batch: PaddedBatch | PackedBatch,
+        input_ids: Tensor | None,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor | None,
+        inputs_embeds: Tensor | None,
+    ) -> Tensor:
+        """Words only: the positions act inside attention (rotary), and there are no token types."""
+        return self.embeddings(input_ids, inputs_embeds)
 
-    def checkpointed(self, layer_index: int) -> bool:
-        """Whether this layer is recomputed in the backward pass (training with checkpointing on)."""
-        return self.training and self.checkpointing.covers(layer_index)
-
-    @property
-    def gradient_checkpointing(self) -> bool:
-        return self.checkpointing.enabled
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, enabled: bool) -> None:
-        self.checkpointing = replace(self.checkpointing, enabled=bool(enabled))
-
-    @property
-    def backbone(self) -> ModernBertModel:
-        return self
+    def normalize_output(self, hidden_states: Tensor) -> Tensor:
+        return self.final_norm(hidden_states)
 
 
 class ModernBertPredictionHead(nn.Module):
@@ -481,17 +466,16 @@ class ModernBertVocabularyLogits(nn.Module):
         return self._model.decoder(self._model.head(hidden_states))
 
 
-class _ModernBertWithHead(ModernBertPreTrainedModel, _BertWithHead):
-    """The encoder at `model`, then `head`, then the task's layers (`build_heads`)."""
+class _ModernBertWithHead(ModernBertPreTrainedModel, TaskModel):
+    """The encoder at `model`, then `head`, then the task's layers (`build_output`)."""
 
-    def __init__(self, config: ModernBertConfig, attn_implementation: str | None = None) -> None:
-        BertPreTrainedModel.__init__(self, config)
-        self.model = ModernBertModel(self.config, attn_implementation=attn_implementation)
-        self.head = ModernBertPredictionHead(self.config)
-        self.build_heads(self.config)
-        self.init_weights()
+    backbone_class: ClassVar[type[BertPreTrainedModel]] = ModernBertModel
 
     def build_heads(self, config: ModernBertConfig) -> None:
+        self.head = ModernBertPredictionHead(config)
+        self.build_output(config)
+
+    def build_output(self, config: ModernBertConfig) -> None:
         """The classifiers' dropout and last Linear (the masked LM builds its decoder instead)."""
         self.num_labels = config.num_labels
         self.drop = nn.Dropout(config.classifier_dropout)
@@ -506,30 +490,21 @@ class _ModernBertWithHead(ModernBertPreTrainedModel, _BertWithHead):
         return self.model(**inputs, return_dict=True)
 
     def pool(self, last_hidden_state: Tensor, attention_mask: Tensor | None, first_real: bool = False) -> Tensor:
-        """One vector per row, by `classifier_pooling`: "cls", column 0 (transformers' sequence classifier reads it
-        even when it is a pad under left padding; multiple choice, `first_real`, reads each row's first real token),
-        or "mean", the mean over real tokens."""
-        if self.config.classifier_pooling == "mean":
-            if attention_mask is None:
-                return last_hidden_state.mean(dim=1)
-            weights = attention_mask.to(last_hidden_state.dtype).unsqueeze(-1)
-            return (last_hidden_state * weights).sum(dim=1) / weights.sum(dim=1)
-        if first_real and attention_mask is not None:
-            rows = torch.arange(len(last_hidden_state), device=last_hidden_state.device)
-            return last_hidden_state[rows, attention_mask.argmax(dim=-1)]
-        return last_hidden_state[:, 0]
+        """One vector per row, by `classifier_pooling` (`task.pooled`); multiple choice reads each row's first real
+        token (`first_real`)."""
+        return pooled(last_hidden_state, attention_mask, self.config.classifier_pooling, first_real)
 
     def classify(self, features: Tensor) -> Tensor:
         return self.classifier(self.drop(self.head(features)))
 
 
-class ModernBertForMaskedLM(_ModernBertWithHead, _MaskedLanguageModel):
+class ModernBertForMaskedLM(_ModernBertWithHead, MaskedLanguageModel):
     """`head` -> `decoder` over the vocabulary. With `sparse_prediction` and labels, logits only at the labelled
     positions (transformers' option for pre-training), flattened."""
 
     heads = (PREDICTION_HEAD, DECODER)
 
-    def build_heads(self, config: ModernBertConfig) -> None:
+    def build_output(self, config: ModernBertConfig) -> None:
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
         # Outside the module tree (see ModernBertVocabularyLogits); one object, so hooks on it stay.
         object.__setattr__(self, "_vocabulary_logits", ModernBertVocabularyLogits(self))
@@ -572,8 +547,6 @@ class ModernBertForMaskedLM(_ModernBertWithHead, _MaskedLanguageModel):
             loss = F.cross_entropy(logits.view(-1, self.config.vocab_size).float(), labels)
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
-    fill_mask = BertForMaskedLM.fill_mask
-
     def resize_output_layer(self, new_num_tokens: int, mean_resizing: bool) -> None:
         """The decoder follows a resized vocabulary as in transformers: tied, its weight is the new embeddings and
         its bias grows with zeros; untied, its weight grows as the embeddings do and its bias with the old mean."""
@@ -592,9 +565,6 @@ class ModernBertForMaskedLM(_ModernBertWithHead, _MaskedLanguageModel):
 
 class ModernBertForSequenceClassification(_ModernBertWithHead):
     heads = (PREDICTION_HEAD, CLASSIFIER_HEAD)
-    # BERT's rules, as transformers' ModernBERT has them.
-    problem_type = BertForSequenceClassification.problem_type
-    loss = BertForSequenceClassification.loss
 
     def forward(
         self,
@@ -618,7 +588,10 @@ class ModernBertForSequenceClassification(_ModernBertWithHead):
             keywords=kwargs,
         )
         logits = self.classify(self.pool(encoded.last_hidden_state, attention_mask))
-        loss = self.loss(logits, labels) if labels is not None else None
+        # BERT's rules by problem type, as transformers' ModernBERT has them.
+        loss = (
+            sequence_classification_loss(self.config, self.num_labels, logits, labels) if labels is not None else None
+        )
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
 
@@ -647,11 +620,7 @@ class ModernBertForTokenClassification(_ModernBertWithHead):
             keywords=kwargs,
         )
         logits = self.classify(encoded.last_hidden_state)
-        loss = None
-        if labels is not None:
-            num_labels = self.config.num_labels
-            labels = class_labels("labels", labels, num_labels, logits.shape[:-1].numel())
-            loss = F.cross_entropy(logits.view(-1, num_labels), labels)
+        loss = token_classification_loss(logits, labels, self.config.num_labels) if labels is not None else None
         return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
 
 
@@ -661,8 +630,8 @@ class ModernBertForQuestionAnswering(_ModernBertWithHead):
 
     heads = (PREDICTION_HEAD, CLASSIFIER_HEAD)
 
-    def build_heads(self, config: ModernBertConfig) -> None:
-        super().build_heads(config)
+    def build_output(self, config: ModernBertConfig) -> None:
+        super().build_output(config)
         self.model.padding_free = False
 
     def forward(
@@ -711,22 +680,20 @@ class ModernBertForMultipleChoice(_ModernBertWithHead):
         **kwargs: Any,
     ) -> LogitsOutput | tuple:
         num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-
-        def flat(tensor: Tensor | None, trailing: int = 1) -> Tensor | None:
-            return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
-
-        attention_mask = flat(attention_mask)
+        attention_mask = flat_choices(attention_mask)
         encoded = self.encode(
-            input_ids=flat(input_ids),
+            input_ids=flat_choices(input_ids),
             attention_mask=attention_mask,
-            position_ids=flat(position_ids),
-            inputs_embeds=flat(inputs_embeds, trailing=2),
+            position_ids=flat_choices(position_ids),
+            inputs_embeds=flat_choices(inputs_embeds, trailing=2),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            keywords={name: flat(value) if isinstance(value, Tensor) else value for name, value in kwargs.items()},
+            keywords={
+                name: flat_choices(value) if isinstance(value, Tensor) else value for name, value in kwargs.items()
+            },
         )
-        pooled = self.pool(encoded.last_hidden_state, attention_mask, first_real=True)
-        logits = self.classify(pooled).view(-1, num_choices)
+        logits = self.classify(self.pool(encoded.last_hidden_state, attention_mask, first_real=True))
+        logits = logits.view(-1, num_choices)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits, class_labels("labels", labels, num_choices, len(logits)))

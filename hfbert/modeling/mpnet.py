@@ -37,10 +37,10 @@ from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnswe
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.positions import PositionsAfterPadding, PositionScheme
 from hfbert.modeling.relative_position import relative_position_bias
-from hfbert.modeling.roberta import (
-    RobertaForMaskedLM,
-    RobertaForMultipleChoice,
-    RobertaForSequenceClassification,
+from hfbert.modeling.shared_heads import (
+    ClassificationHeadForSequenceClassification,
+    HiddenDropoutForMultipleChoice,
+    LMHeadForMaskedLM,
 )
 
 _NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
@@ -88,9 +88,6 @@ class MPNetConfig(BertConfig):
         }
 
 
-_NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
-
-
 class MPNetEmbeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -104,7 +101,7 @@ class MPNetEmbeddings(nn.Module):
         self,
         input_ids: Tensor | None,
         token_type_ids: Tensor | None,  # always None: MPNet has no token types
-        position_ids: Tensor,  # from `BertModel.forward` (positions after padding)
+        position_ids: Tensor,  # from `EncoderModel.run` (positions after padding)
         inputs_embeds: Tensor | None,
     ) -> Tensor:
         if inputs_embeds is None:
@@ -165,18 +162,6 @@ class MPNetEncoder(BertEncoder):
         super().__init__(config)
         self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, config.num_attention_heads)
 
-    def forward(
-        self,
-        hidden_states: Tensor,
-        batch: PaddedBatch | PackedBatch,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor | None]]:
-        # Over the batch's columns, once per call (transformers' MPNet ignores position_ids here too).
-        length = batch.shape[1] if isinstance(batch, PackedBatch) else hidden_states.shape[1]
-        batch = batch.with_attention_bias(relative_position_bias(self.relative_attention_bias, length))
-        return super().forward(hidden_states, batch, output_hidden_states, output_attentions)
-
 
 class MPNetModel(BertModel):
     """The MPNet encoder; a drop-in for `transformers.MPNetModel` (same state dict keys, forward arguments and outputs).
@@ -186,6 +171,12 @@ class MPNetModel(BertModel):
     base_model_prefix: ClassVar[str] = "mpnet"
     embeddings_class = MPNetEmbeddings
     encoder_class = MPNetEncoder
+
+    def attention_context(self, batch: PaddedBatch | PackedBatch, hidden_states: Tensor) -> PaddedBatch | PackedBatch:
+        """The relative-position bias over the batch's columns, once per call (transformers' MPNet ignores
+        position_ids here too)."""
+        length = batch.shape[1] if isinstance(batch, PackedBatch) else hidden_states.shape[1]
+        return batch.with_attention_bias(relative_position_bias(self.encoder.relative_attention_bias, length))
 
     def forward(
         self,
@@ -198,16 +189,17 @@ class MPNetModel(BertModel):
         return_dict: bool | None = None,
         **kwargs: Any,
     ) -> BertModelOutput | tuple[Tensor, ...]:
-        """`BertModel.forward` with transformers' MPNet arguments (no token types)."""
+        """The encoder (`EncoderModel.run`) with transformers' MPNet arguments (no token types)."""
         check_no_token_types(kwargs)
-        return super().forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=return_dict,
+        return self.run(
+            input_ids,
+            attention_mask,
+            None,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
         )
 
 
@@ -217,14 +209,13 @@ class _MPNetFamily:
 
     config_class: ClassVar[type[BertConfig]] = MPNetConfig
     backbone_class: ClassVar[type[BertModel]] = MPNetModel
-    base_prefix: ClassVar[str] = "mpnet."
     base_model_prefix: ClassVar[str] = "mpnet"
 
     def classifier_dropout(self) -> nn.Dropout:
         return nn.Dropout(self.config.hidden_dropout_prob)
 
 
-class MPNetForMaskedLM(_MPNetFamily, RobertaForMaskedLM):
+class MPNetForMaskedLM(_MPNetFamily, LMHeadForMaskedLM):
     """`lm_head` as RoBERTa's: dense -> exact GELU -> layer_norm -> decoder (tied to the word embeddings)."""
 
     def forward(
@@ -252,7 +243,7 @@ class MPNetForMaskedLM(_MPNetFamily, RobertaForMaskedLM):
         )
 
 
-class MPNetForSequenceClassification(_MPNetFamily, RobertaForSequenceClassification):
+class MPNetForSequenceClassification(_MPNetFamily, ClassificationHeadForSequenceClassification):
     """`classifier` as RoBERTa's (`<s>` -> dense -> tanh -> out_proj), dropping out with `hidden_dropout_prob`."""
 
     def forward(
@@ -338,7 +329,7 @@ class MPNetForQuestionAnswering(_MPNetFamily, BertForQuestionAnswering):
         )
 
 
-class MPNetForMultipleChoice(_MPNetFamily, RobertaForMultipleChoice):
+class MPNetForMultipleChoice(_MPNetFamily, HiddenDropoutForMultipleChoice):
     """BERT's multiple choice (the pooler, dropout, one logit per choice)."""
 
     def forward(

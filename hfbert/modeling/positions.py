@@ -14,7 +14,7 @@ table's padding row (`padding_index`) and the first position a real token gets (
 Positions that act inside attention ride on the batch layout (`padding.py`): an additive bias over column
 distances (MPNet's relative bias, `with_attention_bias`), and position ids in the layout's own token order for
 rotary embeddings (`with_positions`), with an optional per-layer window in `attend`. A scheme that needs them
-returns True from `in_attention`; its model then hands the ids to the layout (`BertModel.forward`).
+returns True from `in_attention`; its model then hands the ids to the layout (`EncoderModel.run`).
 
     >>> from hfbert.modeling.config import BertConfig
     >>> PositionsAfterPadding().max_length(BertConfig(max_position_embeddings=514, pad_token_id=1))

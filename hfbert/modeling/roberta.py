@@ -23,24 +23,21 @@ their task models register the encoder after the heads, as transformers' do).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from converters.key_map import CLASSIFIER_HEAD, LM_HEAD, QA_HEAD, ROBERTA_KEYS, KeyLayout
+from converters.key_map import CLASSIFIER_HEAD, QA_HEAD, ROBERTA_KEYS, KeyLayout
 from hfbert.modeling.config import BertConfig
-from hfbert.modeling.heads import (
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
+from hfbert.modeling.heads import BertForQuestionAnswering, BertForTokenClassification
 from hfbert.modeling.model import BertEmbeddings, BertModel
 from hfbert.modeling.outputs import LogitsOutput
 from hfbert.modeling.positions import PositionsAfterPadding, PositionScheme
+from hfbert.modeling.shared_heads import (
+    ClassificationHeadForSequenceClassification,
+    HiddenDropoutForMultipleChoice,
+    LMHeadForMaskedLM,
+)
 
 
 @dataclass
@@ -98,64 +95,15 @@ class _RobertaFamily:
 
     config_class: ClassVar[type[BertConfig]] = RobertaConfig
     backbone_class: ClassVar[type[BertModel]] = RobertaModel
-    base_prefix: ClassVar[str] = "roberta."
     base_model_prefix: ClassVar[str] = "roberta"
 
 
-class RobertaLMHead(nn.Module):
-    """`lm_head`: dense -> exact GELU (whatever `hidden_act` says, as in transformers) -> layer_norm -> decoder; with
-    `tie_word_embeddings` the decoder is tied to the word embeddings and its bias to `lm_head.bias`."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden_states))))
+class RobertaForMaskedLM(_RobertaFamily, LMHeadForMaskedLM):
+    """`lm_head`: dense -> exact GELU -> layer_norm -> decoder (tied to the word embeddings)."""
 
 
-class RobertaClassificationHead(nn.Module):
-    """`classifier`: the `<s>` token's hidden state -> dropout -> dense -> tanh -> dropout -> out_proj."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        probability = config.classifier_dropout
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if probability is None else probability)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        first = self.dropout(hidden_states[:, 0])
-        return self.out_proj(self.dropout(torch.tanh(self.dense(first))))
-
-
-class RobertaForMaskedLM(_RobertaFamily, BertForMaskedLM):
-    heads = (LM_HEAD,)
-
-    def build_heads(self, config: BertConfig) -> None:
-        self.lm_head = RobertaLMHead(config)
-
-    @property
-    def prediction_head(self) -> nn.Module:
-        return self.lm_head
-
-
-class RobertaForSequenceClassification(_RobertaFamily, BertForSequenceClassification):
+class RobertaForSequenceClassification(_RobertaFamily, ClassificationHeadForSequenceClassification):
     """`classifier` reads `<s>` through its own dense + tanh; the encoder has no pooler."""
-
-    heads = (CLASSIFIER_HEAD,)
-    pooling = False
-
-    def build_heads(self, config: BertConfig) -> None:
-        self.num_labels = config.num_labels
-        self.classifier = RobertaClassificationHead(config)
-        self.classifier.dropout = self.classifier_dropout()  # the family's rule (MPNet's: hidden_dropout_prob)
-
-    def classify(self, encoded: Any) -> Tensor:
-        return self.classifier(encoded.last_hidden_state)
 
 
 class RobertaForTokenClassification(_RobertaFamily, BertForTokenClassification):
@@ -166,13 +114,7 @@ class RobertaForQuestionAnswering(_RobertaFamily, BertForQuestionAnswering):
     heads = (QA_HEAD,)
 
 
-class RobertaForMultipleChoice(_RobertaFamily, BertForMultipleChoice):
-    heads = (CLASSIFIER_HEAD,)
-
-    def build_heads(self, config: BertConfig) -> None:
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)  # not classifier_dropout, as in transformers
-        self.classifier = nn.Linear(config.hidden_size, 1)
-
+class RobertaForMultipleChoice(_RobertaFamily, HiddenDropoutForMultipleChoice):
     def forward(
         self,
         input_ids: Tensor | None = None,

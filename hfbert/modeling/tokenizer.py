@@ -914,9 +914,8 @@ class AutoTokenizer:
 # pipeline a checkpoint needs (ModernBERT's Hub files name "PreTrainedTokenizerFast", transformers 5 writes
 # "TokenizersBackend"); config.json's model_type decides, and no family row may claim them.
 _GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend")
-# The model types transformers 5 loads with that generic class whatever tokenizer_class says (its
-# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): their model_type wins over the file's tokenizer_class.
-_MODEL_TYPES_OVER_TOKENIZER_CLASS = ("modernbert",)
+# The model types whose model_type wins over the file's tokenizer_class (the row's `tokenizer_over_class`).
+_MODEL_TYPES_OVER_TOKENIZER_CLASS = frozenset(row.model_type for row in MEMBERS if row.tokenizer_over_class)
 
 
 def _tokenizer_class(directory: Path) -> type[BertTokenizer]:

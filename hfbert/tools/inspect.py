@@ -110,30 +110,13 @@ def config_facts(config: BertConfig) -> dict[str, Any]:
     facts = {key: getattr(config, key) for key in _CONFIG_FIELDS}
     if not member(config.model_type).token_types:
         facts["type_vocab_size"] = None
-    # ModernBERT names its MLP activation `hidden_activation` (BERT's `hidden_act` is unused there).
-    facts["hidden_act"] = getattr(config, "hidden_activation", config.hidden_act)
+    facts["hidden_act"] = config.feed_forward_activation  # ModernBERT's `hidden_activation`
     bert = BertConfig.__dataclass_fields__
     facts |= {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in bert}
-    if hasattr(config, "layer_types"):
-        facts["attention"] = attention_pattern(config)
+    pattern = config.attention_pattern()  # ModernBERT's global and local layers
+    if pattern is not None:
+        facts["attention"] = pattern
     return facts
-
-
-def attention_pattern(config: BertConfig) -> str:
-    """Which layers attend globally and which within a window, with each kind's rotary base (ModernBERT).
-
-    >>> from hfbert.modeling.modernbert import ModernBertConfig
-    >>> attention_pattern(ModernBertConfig(num_hidden_layers=4))
-    'global layers 0, 3 (rotary theta 160000); local layers 1, 2 (64 columns each side, rotary theta 10000)'
-    """
-    kinds: dict[str, list[int]] = {}
-    for index in range(config.num_hidden_layers):
-        kinds.setdefault("global" if config.window(index) is None else "local", []).append(index)
-    parts = []
-    for kind, layers in kinds.items():
-        reach = "" if kind == "global" else f"{config.window(layers[0])} columns each side, "
-        parts.append(f"{kind} layers {', '.join(map(str, layers))} ({reach}rotary theta {config.theta(layers[0]):g})")
-    return "; ".join(parts)
 
 
 def describe_files(files: list[Path]) -> list[dict[str, Any]]:
