@@ -188,21 +188,12 @@ def parity_command(arguments: argparse.Namespace) -> int:
 
 def embed_command(arguments: argparse.Namespace) -> None:
     from hfbert.tools.embedding import Embedder, embed_file, output_kind, read_texts
-    from hfbert.tools.texts import (
-        check_input_file,
-        check_output_folders,
-        check_texts,
-        is_regular_file,
-        refuse_output_over_stdin,
-    )
+    from hfbert.tools.texts import check_input_file, check_output_folders, check_texts, refuse_output_over_stdin
 
+    if arguments.ray is not None:
+        _ray_embed(arguments)
+        return
     output_kind(arguments.out)  # a wrong suffix fails before the model loads
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and arguments.file and not is_regular_file(arguments.file):
-        raise ValueError(
-            f"--file {arguments.file}: under torchrun every process reads the input, so it must be a regular file "
-            f"(not standard input or a pipe)"
-        )
     if arguments.sparse and output_kind(arguments.out) != ".jsonl":
         raise ValueError(f"--out {arguments.out}: --sparse writes {{token: weight}} per text as JSON lines: use .jsonl")
     if arguments.output not in (None, ("dense",)) and output_kind(arguments.out) != ".jsonl":
@@ -222,12 +213,9 @@ def embed_command(arguments: argparse.Namespace) -> None:
     total = check_input_file(arguments.file, "--file") if arguments.file else len(arguments.texts)
     refuse_overwriting_inputs({"--out": arguments.out}, {"--file": arguments.file}, {"MODEL": directory})
     refuse_output_over_stdin({"--out": arguments.out}, arguments.file)
-    device = arguments.device
-    if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
     texts = read_texts(arguments.file) if arguments.file else arguments.texts
     if arguments.sparse:
-        _sparse_embed(arguments, directory, device, texts, total)
+        _sparse_embed(arguments, directory, arguments.device, texts, total)
         return
     embedder = Embedder(
         directory,
@@ -235,7 +223,7 @@ def embed_command(arguments: argparse.Namespace) -> None:
         normalize=arguments.normalize,
         batch_size=arguments.batch_size,
         max_length=arguments.max_length,
-        device=device,
+        device=arguments.device,
         dtype=arguments.dtype,
         quantize=arguments.quantize,
         precision=arguments.precision,
@@ -247,11 +235,69 @@ def embed_command(arguments: argparse.Namespace) -> None:
         _m3_embed(arguments, embedder, texts, total)
         return
     written = embed_file(embedder, texts, arguments.out, total=total, chunk_size=arguments.chunk_size)
-    if os.environ.get("RANK", "0") == "0":
-        noun = "embedding" if written == 1 else "embeddings"
-        where = f"to {arguments.out}" if arguments.out else "to stdout"
-        print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
-        print(f"wrote {written} {noun} of size {embedder.dimension} {where}", file=sys.stderr)
+    noun = "embedding" if written == 1 else "embeddings"
+    where = f"to {arguments.out}" if arguments.out else "to stdout"
+    print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
+    print(f"wrote {written} {noun} of size {embedder.dimension} {where}", file=sys.stderr)
+
+
+def _ray_embed(arguments: argparse.Namespace) -> None:
+    """`embed --ray [ADDRESS]`: a Parquet or JSON-lines corpus into Parquet files in the folder --out, by Ray Data
+    (`hfbert.ray_data.corpus`: checked before any work, resumable, each id exactly once)."""
+    from hfbert.tools.bge_m3 import SPARSE_LINEAR, head_file
+    from hfbert.tools.texts import check_input_file
+
+    remote = "://" in arguments.file
+    if not remote:
+        check_input_file(arguments.file, "--file", read=False)
+    directory = resolve_model(arguments, arguments.model, include_tokenizer=True, include_sentence_transformers=True)
+    check_model(directory)
+    if arguments.sparse:
+        _refuse_bge_m3(directory)
+    outputs = ("sparse",) if arguments.sparse else arguments.output or ("dense",)
+    m3 = head_file(directory, SPARSE_LINEAR).is_file()
+    if arguments.output and {"sparse", "colbert"} & set(arguments.output) and not m3:
+        raise ValueError(
+            f"{directory}: --output {','.join(arguments.output)} reads bge-m3's sparse_linear and colbert_linear "
+            f"files, which this folder does not have (a SPLADE model's sparse vectors: --sparse)"
+        )
+    if not remote and "://" not in arguments.out:
+        refuse_overwriting_inputs({"--out": arguments.out}, {"--file": arguments.file}, {"MODEL": directory})
+    # The actors load the model themselves: a local folder (every node must read it) or the Hub repo id.
+    model = directory if Path(arguments.model).is_dir() else arguments.model
+    hub = dict(revision=arguments.revision, cache_dir=arguments.cache_dir, token=arguments.token)
+    options = dict(
+        max_length=arguments.max_length,
+        device=arguments.device,
+        dtype=arguments.dtype,
+        quantize=arguments.quantize,
+        precision=arguments.precision,
+        ignore_auto_map=arguments.ignore_auto_map or None,
+        **({} if Path(arguments.model).is_dir() else hub),
+    )
+    from hfbert.ray_data.corpus import embed_corpus
+
+    result = embed_corpus(
+        model,
+        arguments.file,
+        arguments.out,
+        id_column=arguments.id_column,
+        text_column=arguments.text_column,
+        outputs=outputs,
+        prompt_name=arguments.prompt_name,
+        rows_per_block=arguments.chunk_size,
+        actors=arguments.ray_actors,
+        threads=arguments.ray_threads,
+        address=arguments.ray or None,
+        model_batch_size=arguments.batch_size,
+        **{key: value for key, value in options.items() if value is not None},
+    )
+    resumed = f" ({result.finished_before} were already there)" if result.finished_before else ""
+    print(
+        f"wrote {','.join(result.columns)} of {result.computed} texts{resumed} to {arguments.out}: "
+        f"{result.rows} rows in all",
+        file=sys.stderr,
+    )
 
 
 def _m3_embed(arguments: argparse.Namespace, embedder: Any, texts: Any, total: int | None) -> None:
@@ -261,13 +307,12 @@ def _m3_embed(arguments: argparse.Namespace, embedder: Any, texts: Any, total: i
     if {"sparse", "colbert"} & set(arguments.output):
         embedder.m3_heads  # noqa: B018 - a missing or malformed .pt file fails before any text is read
     written = m3_file(embedder, texts, arguments.out, arguments.output, total=total, chunk_size=arguments.chunk_size)
-    if os.environ.get("RANK", "0") == "0":
-        noun = "text" if written == 1 else "texts"
-        where = f"to {arguments.out}" if arguments.out else "to stdout"
-        print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
-        if {"sparse", "colbert"} & set(arguments.output):
-            print(f"heads     {embedder.m3_heads.describe()}", file=sys.stderr)
-        print(f"wrote {','.join(arguments.output)} of {written} {noun} {where}", file=sys.stderr)
+    noun = "text" if written == 1 else "texts"
+    where = f"to {arguments.out}" if arguments.out else "to stdout"
+    print(f"pipeline  {embedder.pipeline.describe()}", file=sys.stderr)
+    if {"sparse", "colbert"} & set(arguments.output):
+        print(f"heads     {embedder.m3_heads.describe()}", file=sys.stderr)
+    print(f"wrote {','.join(arguments.output)} of {written} {noun} {where}", file=sys.stderr)
 
 
 def _refuse_bge_m3(directory: Path) -> None:
@@ -306,11 +351,10 @@ def _sparse_embed(arguments: argparse.Namespace, directory: Path, device: str, t
         total=total,
         chunk_size=arguments.chunk_size,
     )
-    if os.environ.get("RANK", "0") == "0":
-        noun = "sparse vector" if written == 1 else "sparse vectors"
-        where = f"to {arguments.out}" if arguments.out else "to stdout"
-        print(f"pipeline  {encoder.describe()}", file=sys.stderr)
-        print(f"wrote {written} {noun} over a vocabulary of {encoder.dimension} {where}", file=sys.stderr)
+    noun = "sparse vector" if written == 1 else "sparse vectors"
+    where = f"to {arguments.out}" if arguments.out else "to stdout"
+    print(f"pipeline  {encoder.describe()}", file=sys.stderr)
+    print(f"wrote {written} {noun} over a vocabulary of {encoder.dimension} {where}", file=sys.stderr)
 
 
 def rerank_command(arguments: argparse.Namespace) -> None:
@@ -733,6 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
         "hfbert embed ./my-model --file texts.txt --pooling cls --no-normalize --out cls.npy",
         "hfbert embed naver/splade-v3 --file texts.txt --sparse --out weights.jsonl",
         "hfbert embed BAAI/bge-m3 --file texts.txt --output dense,sparse,colbert --out m3.jsonl",
+        "hfbert embed ./my-model --file corpus.parquet --id-column id --out embeddings/ --ray",
     )
     embed.add_argument("model", help="local directory or Hub repo id")
     embed.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed (or use --file)")
@@ -759,7 +804,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a prompt of the checkpoint's config_sentence_transformers.json (default: its default_prompt_name)",
     )
-    embed.add_argument("--out", metavar="F.npy|F.jsonl", help="F.npy or F.jsonl (default: JSON lines on stdout)")
+    embed.add_argument(
+        "--out",
+        metavar="F.npy|F.jsonl|DIR",
+        help="F.npy or F.jsonl (default: JSON lines on stdout); with --ray, a folder (or a URI) of Parquet files",
+    )
     embed.add_argument(
         "--batch-size", metavar="N", type=positive_integer, default=32, help="texts per batch (default: 32)"
     )
@@ -775,7 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         type=positive_integer,
         default=10_000,
-        help="lines read, sorted by length and embedded at once (default: 10000)",
+        help="lines read, sorted by length and embedded at once; with --ray, rows per block and per output file "
+        "(default: 10000)",
     )
     embed.add_argument(
         "--sparse",
@@ -791,6 +841,33 @@ def build_parser() -> argparse.ArgumentParser:
         "({token id: weight} from sparse_linear.pt), colbert (a vector per token from colbert_linear.pt), as "
         "FlagEmbedding's BGEM3FlagModel; one JSON object per text with these keys, --out F.jsonl or stdout "
         "(.npy: dense alone)",
+    )
+    ray = embed.add_argument_group("corpus scale, on Ray Data (pip install 'hfbert[ray]'; docs/ray-data.md)")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="embed --file (.parquet or .jsonl) on a Ray cluster into Parquet files in the folder --out, resumable: "
+        "a rerun computes only what is missing (ADDRESS: the cluster's, or auto; none: a new local cluster, or "
+        "RAY_ADDRESS's)",
+    )
+    ray.add_argument("--id-column", metavar="NAME", help="with --ray: the column naming each row, unique (required)")
+    ray.add_argument(
+        "--text-column", metavar="NAME", default="text", help="with --ray: the column of texts (default: text)"
+    )
+    ray.add_argument(
+        "--ray-actors",
+        metavar="N",
+        type=positive_integer,
+        help="with --ray: actors, each loading the model once (default: the cluster's CPUs but one / --ray-threads)",
+    )
+    ray.add_argument(
+        "--ray-threads",
+        metavar="N",
+        type=positive_integer,
+        default=1,
+        help="with --ray: CPUs (torch threads) per actor (default: 1)",
     )
     _device_options(
         embed,
@@ -897,6 +974,7 @@ def _check_usage(parser: argparse.ArgumentParser, arguments: argparse.Namespace)
                     embed.error(f"{option} does not apply to --sparse (SPLADE pools the masked-LM logits)")
             if arguments.output is not None:
                 embed.error("give --sparse (a SPLADE checkpoint) or --output (bge-m3's outputs), not both")
+        _check_ray_usage(embed, arguments)
     if arguments.command == "rerank":
         rerank = arguments.parser
         if arguments.documents and arguments.file:
@@ -905,6 +983,41 @@ def _check_usage(parser: argparse.ArgumentParser, arguments: argparse.Namespace)
             rerank.error("no document to rank: give documents as arguments, or --file F (- for standard input)")
     if arguments.command in ("embed", "rerank"):
         _check_speed_options(arguments.parser, arguments)
+
+
+def _check_ray_usage(embed: argparse.ArgumentParser, arguments: argparse.Namespace) -> None:
+    """`embed --ray` reads a corpus file of ids and texts into a folder; its options mean nothing without it."""
+    if arguments.ray is None:
+        for option, value in (
+            ("--id-column", arguments.id_column),
+            ("--ray-actors", arguments.ray_actors),
+            ("--text-column", None if arguments.text_column == "text" else arguments.text_column),
+            ("--ray-threads", None if arguments.ray_threads == 1 else arguments.ray_threads),
+        ):
+            if value is not None:
+                embed.error(f"{option} applies to --ray")
+        return
+    if arguments.texts or not arguments.file or arguments.file == "-":
+        embed.error("--ray reads a corpus file: give --file corpus.parquet or --file corpus.jsonl (not texts, not -)")
+    if not arguments.file.endswith((".parquet", ".jsonl")):
+        embed.error(f"--file {arguments.file}: --ray reads a .parquet or a .jsonl file")
+    if not arguments.id_column:
+        embed.error(
+            "--ray needs --id-column NAME: the column naming each row, by which the output is matched and resumed"
+        )
+    if not arguments.out:
+        embed.error("--ray needs --out DIR: the folder (or URI) its Parquet files go to")
+    if arguments.out.endswith((".npy", ".jsonl")):
+        embed.error(f"--out {arguments.out}: --ray writes Parquet files into a folder; give a folder")
+    for option, value in (("--pooling", arguments.pooling), ("--normalize", arguments.normalize)):
+        if value is not None:
+            embed.error(
+                f"{option} does not apply to --ray: the folder's pipeline runs (--prompt-name chooses a prompt)"
+            )
+    if arguments.prompt is not None:
+        embed.error("--prompt does not apply to --ray: give --prompt-name, a prompt of the folder")
+    if arguments.device != "cpu":
+        embed.error(f"--device {arguments.device}: --ray runs its actors on CPUs (each reserves --ray-threads of them)")
 
 
 @contextmanager

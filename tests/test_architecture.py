@@ -5,6 +5,7 @@
 - The floors: converters/ and hfbert/platform/ (the ground floor) < hfbert/modeling/ < hfbert/inference/ <
   hfbert/tools/ < hfbert/cli.py, hfbert/serve/ < benchmarks/. A module imports only from its own floor or those below
   it, imports inside functions included; no modules import each other in a cycle.
+- No family member's module imports another member's (the modules named by the family table's rows).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ FLOORS = {
     "hfbert.tools": 3,
     "hfbert.cli": 4,
     "hfbert.serve": 4,
+    "hfbert.ray_data": 4,
     "benchmarks": 5,
 }
 ROOM_OF_MODULE = {"hfbert": "hfbert.tools", "hfbert.__main__": "hfbert.cli"}
@@ -194,6 +196,55 @@ def test_no_import_cycles():
     assert not import_cycles(ROOT)
 
 
+# -- members import no member ---------------------------------------------------------------------------------------
+def member_modules() -> dict[str, str]:
+    """module -> the member (model_type) whose row's classes live in it, from the family table. BERT's modules
+    (model.py, heads.py, config.py) are left out: they are the base the BERT-shaped members build on by design."""
+    from hfbert.modeling.family import MEMBERS, member
+
+    def modules(row) -> set[str]:
+        return {cls.__module__ for cls in [row.config_class, *row.classes.values()]}
+
+    bert = modules(member("bert"))
+    return {module: row.model_type for row in MEMBERS for module in sorted(modules(row) - bert)}
+
+
+def member_imports(root: Path, owners: dict[str, str]) -> list[str]:
+    """Every import of one member's module by another member's (`owners`: module -> member); what two members share
+    lives in a module of no member (shared_heads.py, task.py, encoder.py)."""
+    known = module_files(root)
+    return [
+        f"{path.relative_to(root)}:{line} imports {target} ({owners[target]}'s module into {owners[module]}'s)"
+        for module, path in known.items()
+        if module in owners
+        for target, line in imports(module, path, known)
+        if target in owners and owners[target] != owners[module]
+    ]
+
+
+def test_no_member_imports_another_members_module():
+    owners = member_modules()
+    assert {"hfbert.modeling.roberta", "hfbert.modeling.mpnet", "hfbert.modeling.modernbert"} <= set(owners)
+    assert not member_imports(ROOT, owners), "\n".join(member_imports(ROOT, owners))
+
+
+def test_a_member_importing_another_fails(tmp_path):
+    write(
+        tmp_path,
+        {
+            "hfbert/__init__.py": "",
+            "hfbert/modeling/__init__.py": "",
+            "hfbert/modeling/roberta.py": "from hfbert.modeling.shared_heads import LMHead\n",
+            "hfbert/modeling/mpnet.py": "def f():\n    from hfbert.modeling.roberta import RobertaForMaskedLM\n",
+            "hfbert/modeling/shared_heads.py": "",
+        },
+    )
+    owners = {"hfbert.modeling.roberta": "roberta", "hfbert.modeling.mpnet": "mpnet"}
+    assert member_imports(tmp_path, owners) == [
+        "hfbert/modeling/mpnet.py:2 imports hfbert.modeling.roberta (roberta's module into mpnet's)"
+    ]
+
+
 def write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -238,6 +289,7 @@ FLOOR_PACKAGES = (
     "hfbert/inference",
     "hfbert/tools",
     "hfbert/serve",
+    "hfbert/ray_data",
 )
 
 

@@ -3,8 +3,8 @@
 300 texts of shuffled lengths, from a text file, from JSONL and from a pipe (`--file -`, `--file /dev/stdin`, read
 once), read in several chunks: on the real all-MiniLM-L6-v2 weights the output equals
 `SentenceTransformer(...).encode(...)` element for element (max abs <= 1e-6; a cosine alone would hide a wrong
-norm), in input order, as .npy and .jsonl. Under torchrun with 2 processes the output file is byte for byte the
-single-process one. A full disk (a 1 MiB tmpfs in a private mount namespace) ends in one line naming it, with
+norm), in input order, as .npy and .jsonl. (Several processes: `hfbert embed --ray`, tests/test_ray_data*.py.) A
+full disk (a 1 MiB tmpfs in a private mount namespace) ends in one line naming it, with
 nothing left behind. Each pooling mode, Normalize and Dense against sentence-transformers: test_embed_pipeline.py.
 """
 
@@ -286,32 +286,6 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_in_process(case, tmp_path, c
     assert f"hfbert embed: {out}: no space left on the disk holding {folder} (" in lines[0]
     assert "nothing was written" in lines[0]
     assert list(folder.iterdir()) == []  # no partial file, no temporary
-
-
-@pytest.mark.slow  # two torchrun workers, each loading torch and the model
-@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
-def test_torchrun_two_processes_write_the_single_process_file(suffix, texts, tmp_path):
-    # 61 texts: the two processes get unequal shares (31 and 30). Batch size 1: no padding, so each text is computed
-    # the same whichever process embeds it, up to the kernel each process measured fastest for itself (packed or
-    # plain: the same numbers within fp32 rounding, `measured.py`), so the files must hold the same rows in the same
-    # order, equal to 1e-6 and byte for byte where the kernels agree.
-    source = tmp_path / "texts.txt"
-    source.write_text("".join(text + "\n" for text in texts[:61]), encoding="utf-8")
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = ["-m", "hfbert.cli", "embed", str(minilm_directory()), "--file", str(source), "--pooling", "mean"]
-    command += ["--normalize", "--batch-size", "1", "--chunk-size", "16"]
-    single, double = tmp_path / f"single{suffix}", tmp_path / f"double{suffix}"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    for launcher, out in (([sys.executable], single), (torchrun, double)):
-        result = subprocess.run(
-            [*launcher, *command, "--out", str(out)], capture_output=True, text=True, env=environment
-        )
-        assert result.returncode == 0, result.stderr
-    assert read_embeddings(double).shape == (61, 384)
-    np.testing.assert_allclose(read_embeddings(double), read_embeddings(single), atol=1e-6, rtol=0)
-    if suffix == ".npy":  # the same header: shape, dtype and layout
-        assert double.read_bytes()[:128] == single.read_bytes()[:128]
-    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([source.name, single.name, double.name])
 
 
 def read_embeddings(path) -> np.ndarray:

@@ -305,26 +305,3 @@ def test_the_example_writes_a_model_others_can_read(tiny_mlm, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (output / "model.safetensors").is_file()
     assert_follows_umask_022(output)
-
-
-# -- torchrun part files: never a file the call did not produce ----------------------------------------------------
-
-
-def test_torchrun_part_files_never_overwrite_or_delete_a_users_file(tmp_path, monkeypatch):
-    """Under torchrun each rank writes a part file that rank 0 deletes after the merge: named `OUT.rank0`, a user's
-    file of that name was overwritten by the part, then deleted by the merge."""
-    import hfbert.tools.embedding as embedding
-    import hfbert.tools.embedding_output as embedding_output
-
-    out = tmp_path / "texts.jsonl"
-    theirs = tmp_path / "texts.jsonl.rank0"
-    theirs.write_text('{"text": "a user\'s own file"}\n')
-    before = theirs.read_bytes()
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(embedding_output, "merge_under_torchrun", lambda *arguments: 1)  # no process group here
-    embedder = embedding.Embedder(minilm_directory())
-    assert embedding.embed_file(embedder, ["one text", "another"], out, progress=False) == 1
-    assert theirs.read_bytes() == before
-    part = tmp_path / ".texts.jsonl.partial-rank0-of-2"  # hfbert's own temporary namespace
-    assert json.loads(part.read_text())["index"] == 0

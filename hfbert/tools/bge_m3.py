@@ -202,9 +202,8 @@ def m3_file(
 ) -> int:
     """Write each text's `{"index": i, "dense": [...], "sparse": {id: weight}, "colbert": [[...], ...]}` (the keys
     of `outputs` only) from `embedder` (an `hfbert.tools.embedding.Embedder`, `embed_m3`) as one JSON line into `out`
-    (None: stdout), in input order, as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole or not at all;
-    under torchrun each rank writes its share and rank 0 merges). `texts` is read lazily and once, in chunks of
-    `chunk_size`. Returns how many lines the output holds."""
+    (None: stdout), in input order, as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole or not at
+    all). `texts` is read lazily and once, in chunks of `chunk_size`. Returns how many lines the output holds."""
     from hfbert.tools.embedding_output import output_kind, write_in_input_order, write_json_line
 
     names = parse_outputs(outputs)

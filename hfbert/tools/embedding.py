@@ -23,9 +23,8 @@ How a large input runs (`embed_file`): the texts (`hfbert.tools.texts.read_texts
 are consumed once, front to back, in chunks of `CHUNK_SIZE`, never whole: a pipe works as well as a file. Each
 chunk is sorted by length so that batches hold texts of similar length (little padding), embedded batch by batch,
 put back in input order and appended to the output (`hfbert.tools.embedding_output`: `.npy` or `.jsonl`, written
-whole or not at all). Under `torchrun` (WORLD_SIZE > 1) each process reads the whole input (a regular file) and
-embeds the lines i with i % WORLD_SIZE == RANK into a part file; rank 0 merges the parts in input order into the
-same file a single process writes.
+whole or not at all). A corpus that outgrows one process runs on Ray Data: `hfbert embed --ray` and
+`hfbert.ray_data`, which call this module's `Embedder` on each batch.
 """
 
 from __future__ import annotations
@@ -269,10 +268,9 @@ def embed_file(
     chunk_size: int = CHUNK_SIZE,
     progress: bool = True,
 ) -> int:
-    """Embed `texts` (an iterable, read lazily and once) into `out` in input order; under torchrun, this process's
-    share, then rank 0 merges. `total`: how many texts there are, when known (for the progress display and the
-    .npy space reservation; never trusted for the output). Returns how many embeddings the output holds (under
-    torchrun: the merged file on rank 0, this process's part elsewhere)."""
+    """Embed `texts` (an iterable, read lazily and once) into `out` in input order. `total`: how many texts there
+    are, when known (for the progress display and the .npy space reservation; never trusted for the output).
+    Returns how many embeddings the output holds."""
 
     def write(writer: Any, indices: list[int], chunk: list[str], bar: Any) -> None:
         writer.write(indices, embedder.embed(chunk, progress=bar))

@@ -7,8 +7,8 @@ a failed run leaves an existing output untouched and no partial file. When the n
 beforehand, the `.npy` file's space is reserved first (`posix_fallocate`), so a disk too small fails before any
 work; in every case a full disk ends in one error naming the disk (`disk_full`), never in a crash.
 
-Under `torchrun` each rank writes a part file (`part_file`); rank 0 merges them in input order into the output and
-deletes them (`merge_under_torchrun`).
+Corpus-scale jobs, on several processes or machines, run on Ray Data instead (`hfbert embed --ray`,
+`hfbert.ray_data`), which writes Parquet files.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, closing, contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from converters.atomic_write import PARTIAL_MARK, atomic_file
+from converters.atomic_write import atomic_file
 from hfbert.tools.extras import import_numpy
 
-MERGE_ROWS = 10_000  # rows interleaved per block when merging the ranks' parts: memory bounded by it, not the input
 NPY_HEADER_BYTES = 128  # numpy's own header length for any 2-D float32 shape below 10**40 rows
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
-__all__ = ["disk_full", "merge_under_torchrun", "open_writer", "output_kind", "output_writer", "part_file"]
+__all__ = ["disk_full", "open_writer", "output_kind", "output_writer"]
 
 
 def npy_header(rows: int, dimension: int) -> bytes:
@@ -214,10 +213,9 @@ def write_in_input_order(
     """The loop every `hfbert embed` output shares: `texts` read lazily and once, `chunk_size` at a time, each text's
     unicode checked by its place in the input (unless `read_texts` checked it, naming file and line), and
     `write_chunk(writer, indices, texts, progress_bar)` writing that chunk's rows (`CheckedTexts`: not checked again)
-    in input order into `out` (`output_writer`: whole or not at all; None: stdout). Under torchrun
-    (RANK / WORLD_SIZE) each rank takes every WORLD_SIZE-th text into its part file and rank 0 merges. `total`: how
-    many texts there are, when known (progress, and the .npy space reserved where `reserve`). Returns how many rows
-    the output holds (under torchrun: the merged file on rank 0, this process's part elsewhere)."""
+    in input order into `out` (`output_writer`: whole or not at all; None: stdout). `total`: how many texts there
+    are, when known (progress, and the .npy space reserved where `reserve`). Returns how many rows the output
+    holds."""
     from hfbert.tools.progress import Progress
     from hfbert.tools.texts import CheckedTexts, check_unicode, is_checked
 
@@ -225,22 +223,15 @@ def write_in_input_order(
         raise TypeError("texts is a str: give a list of texts ([text] for one), or read_texts(path) for a file")
     if chunk_size < 1:
         raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and out is None:
-        raise ValueError("under torchrun, pass --out: each process writes a part file that rank 0 merges")
-    target = part_file(out, rank, world) if world > 1 else out
-    share = len(range(rank, total, world)) if total is not None else None
-    bar = Progress(share, task, "text", enabled=progress and rank == 0)
-    with closing(bar), output_writer(target, dimension, kind, share if reserve else None) as writer:
-        mine = ((index, text) for index, text in enumerate(texts) if index % world == rank)
+    bar = Progress(total, task, "text", enabled=progress)
+    with closing(bar), output_writer(out, dimension, kind, total if reserve else None) as writer:
+        numbered = enumerate(texts)
         checked = is_checked(texts)  # a file's, by read_texts: named by file and line
-        while chunk := list(islice(mine, chunk_size)):
+        while chunk := list(islice(numbered, chunk_size)):
             for index, text in chunk if not checked else ():  # named by their place in the input
                 check_unicode(text, f"text {index}")
             # Checked: the encoders the chunk goes to do not check it again.
             write_chunk(writer, [index for index, _ in chunk], CheckedTexts(text for _, text in chunk), bar)
-    if world > 1:
-        return merge_under_torchrun(out, kind, rank, world, dimension) or writer.row
     return writer.row
 
 
@@ -248,63 +239,3 @@ def write_json_line(writer: NpyWriter | JsonlWriter, line: dict[str, Any]) -> No
     """One row of a JSON-lines output whose rows are not dense vectors (sparse weights, bge-m3's outputs)."""
     writer.handle.write(json.dumps(line) + "\n")
     writer.row += 1
-
-
-def part_file(out: str | os.PathLike, rank: int, world: int) -> str:
-    """The part file rank `rank` of `world` writes under torchrun: a hidden name beside `out` in the namespace of
-    hfbert's temporaries (`converters.atomic_write`), never a file a user could have (`OUT.rank0` could be one)."""
-    out = Path(out)
-    return str(out.with_name(f".{out.name}{PARTIAL_MARK}rank{rank}-of-{world}"))
-
-
-def merge_under_torchrun(out: str | os.PathLike, kind: str, rank: int, world: int, dimension: int) -> int | None:
-    """Wait for every rank's part; rank 0 interleaves them back into input order (line i is in part i % world)
-    and returns the number of rows merged."""
-    import torch.distributed as dist
-
-    initialised_here = not dist.is_initialized()
-    if initialised_here:
-        dist.init_process_group("gloo")  # MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE come from torchrun
-    merged = None
-    try:
-        dist.barrier()  # every part is complete
-        if rank == 0:
-            parts = [part_file(out, r, world) for r in range(world)]
-            merged = merge_parts(out, kind, parts, dimension)
-            for part in parts:
-                os.remove(part)
-        dist.barrier()  # no rank exits before the merged file exists
-    finally:
-        if initialised_here:
-            dist.destroy_process_group()
-    return merged
-
-
-def merge_parts(out: str | os.PathLike, kind: str, parts: list[str], dimension: int) -> int:
-    """Interleave the parts (part r holds lines r, r + world, ...) into `out` (`output_writer`); the number of rows."""
-    world, misfit = len(parts), ValueError(f"{out}: the part files of the ranks do not fit together")
-    if kind == ".jsonl":
-        with ExitStack() as stack:
-            handles = [stack.enter_context(open(part, encoding="utf-8")) for part in parts]
-            writer = stack.enter_context(output_writer(out, dimension, kind))
-            while line := handles[writer.row % world].readline():
-                writer.handle.write(line)
-                writer.row += 1
-            if any(handle.readline() for handle in handles):
-                raise misfit
-        return writer.row
-    numpy = import_numpy()
-    arrays = [numpy.load(part, mmap_mode="r") for part in parts]
-    total = sum(len(array) for array in arrays)
-    if [len(array) for array in arrays] != [len(range(r, total, world)) for r in range(world)]:
-        raise misfit
-    with output_writer(out, dimension, kind, reserve_rows=total) as writer:
-        for start in range(0, total, MERGE_ROWS):
-            block = numpy.empty((min(total - start, MERGE_ROWS), dimension), dtype=numpy.float32)
-            for r, array in enumerate(arrays):
-                offset = (r - start) % world  # the first row of the block that part r holds
-                first = (start + offset) // world
-                rows = block[offset::world]
-                rows[:] = array[first : first + len(rows)]
-            writer.write(range(start, start + len(block)), torch.from_numpy(block))
-    return total

@@ -288,8 +288,8 @@ def sparse_file(
 ) -> int:
     """Write each text's `{"index": i, "embedding": {token: weight}}` (`SparseEncoder.token_weights`) as one JSON
     line into `out` (None: stdout), in input order, as `hfbert embed` writes (`hfbert.tools.embedding_output`: whole
-    or not at all; under torchrun each rank writes its share and rank 0 merges). `texts` is read lazily and once, in
-    chunks of `chunk_size`. Returns how many lines the output holds."""
+    or not at all). `texts` is read lazily and once, in chunks of `chunk_size`. Returns how many lines the output
+    holds."""
     from hfbert.tools.embedding_output import output_kind, write_in_input_order, write_json_line
 
     if output_kind(out) != ".jsonl":
