@@ -24,7 +24,10 @@ def backbone_of(model_type: str) -> torch.nn.Module:
 
 
 def test_every_member_states_its_adapter():
+    """One adapter per row, and a plain one exactly where the row says transformers' float64 model is exact."""
     assert set(ADAPTERS) == {row.model_type for row in MEMBERS}
+    for row in MEMBERS:
+        assert (type(adapter(row.model_type)) is ReferenceAdapter) == row.reference_float64_exact, row.model_type
     with pytest.raises(ValueError, match="'deberta-v2' has no float64 reference adapter.*ADAPTERS"):
         adapter("deberta-v2")
 

@@ -39,13 +39,15 @@ def _ask_probabilities(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tup
 
 
 @contextmanager
-def _each_layer_attention(backbone: Any, where: str, receive: Callable[[int, Tensor], None]) -> Iterator[None]:
+def _each_layer_attention(
+    backbone: Any, layers: str, where: str, receive: Callable[[int, Tensor], None]
+) -> Iterator[None]:
     """`receive(index, probabilities)` called as each layer's self-attention returns its probabilities (eager:
     its second output, the one transformers' own `output_attentions` records), so that they are compared during
-    the forward instead of all layers held at once. `where`: the self-attention's path in each layer (the member's
-    `reference_attention`). A self-attention that returns them only when asked
-    (`output_attentions`, MPNet's) is asked here, and its output passed on without them, so that the encoder
-    does not keep them either."""
+    the forward instead of all layers held at once. `layers`: the layer list's path in the backbone, `where`: the
+    self-attention's path in each layer (the member's `layers` and `reference_attention`). A self-attention that
+    returns them only when asked (`output_attentions`, MPNet's) is asked here, and its output passed on without
+    them, so that the encoder does not keep them either."""
 
     def hook(index: int, asked: bool) -> Callable[..., Any]:
         def received(_: Any, __: Any, output: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
@@ -55,8 +57,7 @@ def _each_layer_attention(backbone: Any, where: str, receive: Callable[[int, Ten
         return received
 
     handles = []
-    layers = backbone.layers if hasattr(backbone, "layers") else backbone.encoder.layer  # ModernBERT's, BERT's
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(backbone.get_submodule(layers)):
         attention = _self_attention(layer, where)
         asked = "output_attentions" in inspect.signature(attention.forward).parameters
         if asked:
@@ -117,8 +118,10 @@ def compare_batch(
         rows[f"attentions layer {index}"].update(case, *layer, exact.transpose(1, 2)[real].flatten(0, 1))
         compared.append(index)
 
-    where = member(runners[0].model.config.model_type).reference_attention  # the member, by hfbert's config
-    with _each_layer_attention(runners[2].backbone, where, compare):  # the float64 reference: eager, every output
+    row = member(runners[0].model.config.model_type)  # the member, by hfbert's config
+    with _each_layer_attention(
+        runners[2].backbone, row.layers, row.reference_attention, compare
+    ):  # the float64 reference: eager, every output
         exact = _kept(run(runners[2], output_hidden_states=True))
     if not attentions:
         outputs = [_kept(run(runner, output_hidden_states=True)) for runner in runners[:2]]

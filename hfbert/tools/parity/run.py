@@ -15,7 +15,6 @@ import torch
 
 from converters.dtypes import DTYPES
 from converters.errors import CheckpointError
-from converters.key_map import DECODER, LM_HEAD, MLM_HEAD
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.platform.cpu import cpu_flags, cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
@@ -39,9 +38,6 @@ from hfbert.tools.parity.statistics import ACCURACY_RATIO, TOP_K, Accuracy, Row,
 LINEAR_KERNELS = (None, "standard", "packed", "fast")
 
 
-# The masked-LM head of each layout, by the tensor prefix that marks it, as the module (or modules, joined by "+",
-# applied in turn) that turns the last hidden state into logits in both libraries.
-MLM_HEADS = {MLM_HEAD: "cls.predictions", LM_HEAD: "lm_head", DECODER: "head+decoder"}
 # The longest sequence the battery runs: past it, the attention maps compared per layer (heads x length^2, in three
 # models, one in float64) outgrow a 24 GB machine (ModernBERT's 8,192 tokens would need about 6 GB per layer).
 MAX_BATTERY_LENGTH = 2048
@@ -242,7 +238,6 @@ def _load_models(
         options.device,
         options.attn,
         facts.model_type,
-        facts.mlm_head,
     )
     if facts.family_error is not None:  # where hfbert's load finds it: after the tokenizer, before any model
         raise facts.family_error
@@ -277,7 +272,6 @@ class _CheckpointFacts:
     has_mlm_head: bool
     hidden_size: int
     model_type: str  # config.json's: which family's classes load it, in both libraries
-    mlm_head: str  # the masked-LM head's module name in the family's layout (`cls.predictions`, `lm_head`)
     first_position: int  # the position of a sequence's first token: 0, RoBERTa's pad_token_id + 1, MPNet's 2
     token_types: int  # type_vocab_size; 0 for a model without token-type embeddings (MPNet)
     weight_files: list[dict[str, Any]]
@@ -304,7 +298,6 @@ class _CheckpointFacts:
             check_auto_map(config.to_dict().get("auto_map"), str(paths.directory / CONFIG_FILE))
         family = member(config.model_type)
         layout = family.key_layout
-        mlm_head = next(prefix for prefix in layout.heads if prefix in MLM_HEADS)
         checkpoint = read_checkpoint(paths.directory)
         try:
             check_family(family.classes["model"], config, checkpoint)
@@ -317,10 +310,10 @@ class _CheckpointFacts:
         return cls(
             config=config,
             has_pooler=any(name.startswith("pooler.") for name in stored),
-            has_mlm_head=any(head_of(name, layout) == mlm_head for name in stored),
+            # every module of the masked-LM head (a ModernBERT classifier save has its `head.` but no `decoder.`)
+            has_mlm_head=all(any(head_of(name, layout) == head for name in stored) for head in family.masked_lm_heads),
             hidden_size=config.hidden_size,
             model_type=config.model_type,
-            mlm_head=MLM_HEADS[mlm_head],
             first_position=family.positions.first_position(config),
             token_types=config.type_vocab_size if family.token_types else 0,
             weight_files=weight_files,

@@ -272,9 +272,9 @@ def with_pooler(masked_lm_class: type, pooler_class: type) -> type:
 class ModelSpec(NamedTuple):
     """Which model hfbert and transformers load alike, and how it runs: the masked-LM model when the checkpoint has
     that head (its backbone with the checkpoint's pooler where it has one: `with_pooler`), else the backbone.
-    `model_type` is config.json's (its `member` in the family table gives both libraries' classes); `mlm_head` the
-    masked-LM head's module name in that member's layout (`cls.predictions`, RoBERTa's `lm_head`), the same in both
-    libraries."""
+    `model_type` is config.json's (its `member` in the family table gives both libraries' classes, and the masked-LM
+    head's modules, the same in both libraries: `cls.predictions`, RoBERTa's `lm_head`, ModernBERT's `head` then
+    `decoder`)."""
 
     has_mlm_head: bool
     has_pooler: bool
@@ -282,7 +282,6 @@ class ModelSpec(NamedTuple):
     device: str
     attn: str
     model_type: str = "bert"
-    mlm_head: str = "cls.predictions"
 
     @property
     def member(self) -> Member:
@@ -302,7 +301,7 @@ class ModelSpec(NamedTuple):
     def engine(self, model: Any) -> TorchEngine:
         """`model`, of `model_class`, as the comparison calls it."""
         if self.has_mlm_head:
-            parts = [model.get_submodule(name) for name in self.mlm_head.split("+")]
+            parts = [model.get_submodule(name) for name in self.member.masked_lm_modules]
             head = parts[0] if len(parts) == 1 else torch.nn.Sequential(*parts)  # ModernBERT's `head`, `decoder`
             return TorchEngine(model, getattr(model, model.base_model_prefix), head)
         return TorchEngine(model, model, None)
