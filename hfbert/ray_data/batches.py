@@ -182,8 +182,7 @@ class EmbedBatches:
             return {"embedding": _vectors(encoder.encode(texts, batch_size=size))}
         if not self.m3:  # SPLADE
             vectors = encoder.encode(texts, prompt_name=self.prompt_name, batch_size=size, convert_to_tensor=False)
-            vectors = [vector.coalesce() for vector in vectors]
-            return _sparse_columns([(vector.indices()[0].numpy(), vector.values().numpy()) for vector in vectors])
+            return _sparse_columns(encoder.nonzero(vectors))
         result = encoder.embed_m3(texts, self.outputs, batch_size=size)
         columns: dict[str, Any] = {}
         if "dense" in self.outputs:

@@ -17,8 +17,9 @@ An `Operation` names what a batch computes: its kind, the request's prompt name 
 whether its inputs are texts or token ids. Texts go through the encoders' public calls (`encode`, `predict`,
 `embed_m3`) with the prompt put before each. Token ids are the model's input as given (TEI and OpenAI take them):
 no prompt or special token is added, so the ids `/tokenize` gives for a text compute what the text computes. They
-run the encoders' inference steps on a padded batch of those ids; so do the per-token vectors of `/embed_all` (the
-encoder's last hidden state, every real token, as sentence-transformers' `encode(output_value="token_embeddings")`).
+run through the encoders' calls for ids (`Embedder.encode_ids`, `Embedder.embed_m3_ids`, `SparseEncoder.encode_ids`).
+The per-token vectors of `/embed_all` are the encoder's last hidden state at every real token,
+`Embedder.encode(output_value="token_embeddings")` as sentence-transformers has it.
 """
 
 from __future__ import annotations
@@ -306,13 +307,11 @@ class Engine:
             return self.encoder.encode(texts, batch_size=batch_size, convert_to_tensor=True)
         return self.encoder.encode(texts, prompt=prompt, batch_size=batch_size, convert_to_tensor=True)
 
-    @torch.no_grad()
     def token_vectors(self, texts: list[str], prompt: str | None = None) -> list[Tensor]:
         """Each text's (tokens, hidden size) last hidden state, its real tokens only (the prompt's and the special
         tokens included), `prompt` (None: the server's) before it."""
         prompt = self.prompt if prompt is None else prompt
-        # The library's batching tokenizes as `encode` does (prompt, truncation, lower-casing): only the step differs.
-        return self.encoder._in_order(self._hidden_rows, texts, prefix=prompt, batch_size=max(1, len(texts)))
+        return self.encoder.encode(texts, prompt=prompt, batch_size=max(1, len(texts)), output_value="token_embeddings")
 
     def logits(self, pairs: list[tuple[str, str]]) -> Tensor:
         scores = self.encoder.predict(
@@ -344,56 +343,40 @@ class Engine:
         vectors = self.encoder.encode(
             texts, prompt=prompt, batch_size=max(1, len(texts)), convert_to_sparse_tensor=False
         )
-        return [_nonzero(vector) for vector in vectors.cpu()]
+        return _nonzero(vectors)
 
     # -- token ids -----------------------------------------------------------------------------------------------------
-    @torch.no_grad()
     def _run_ids(self, operation: Operation, sequences: list[Sequence[int]]) -> list[Any]:
-        """`run` on token id sequences: the encoders' inference steps on a padded batch of exactly those ids."""
-        batch = self.tokenizer.pad(
-            {"input_ids": [list(ids) for ids in sequences]}, return_attention_mask=True, return_tensors="pt"
-        ).to(self.encoder.device)
+        """`run` on token id sequences: the encoders' `*_ids` calls, on exactly those ids (no prompt left out of the
+        pooling: the ids carry none of the server's)."""
+        batch_size = max(1, len(sequences))  # the batcher has sized the batch by tokens already: one model call
         if operation.kind == "tokens":
-            return self._hidden_rows(batch)
+            return self.encoder.encode_ids(sequences, batch_size=batch_size, output_value="token_embeddings")
         if operation.kind == "sparse" and self.task == "sparse":
-            return [_nonzero(vector) for vector in self.encoder._vectors(batch, self.encoder.max_active_dims).cpu()]
+            return _nonzero(self.encoder.encode_ids(sequences, batch_size=batch_size, convert_to_sparse_tensor=False))
+        if operation.kind == "embed" and self.task != "m3":
+            return list(self.encoder.encode_ids(sequences, batch_size=batch_size, convert_to_tensor=True))
         if operation.kind in ("embed", "sparse", "multi"):
             outputs = {"embed": ("dense",), "sparse": ("sparse",)}.get(operation.kind, operation.outputs)
-            rows = self._pipeline_rows(batch, outputs)
+            result = self.encoder.embed_m3_ids(sequences, outputs, batch_size=batch_size)
+            from hfbert.tools.bge_m3 import RESULT_KEYS
+
+            rows = [
+                {
+                    name: _sparse_pairs(value) if name == "sparse" else value
+                    for name, value in zip(outputs, values, strict=True)
+                }
+                for values in zip(*(result[RESULT_KEYS[name]] for name in outputs), strict=True)
+            ]
             return [row[outputs[0]] for row in rows] if operation.kind != "multi" else rows
         raise ValueError(f"{operation.kind} takes texts, not token ids")
 
-    def _hidden_rows(self, batch: Any) -> list[Tensor]:
-        """The inference step of "tokens": each row's last hidden state at its real tokens, float32 on the CPU."""
-        hidden = self.encoder.model(**batch, return_dict=True).last_hidden_state
-        lengths = batch["attention_mask"].sum(dim=1).tolist()
-        return [row[:length].float().cpu() for row, length in zip(hidden, lengths, strict=True)]
 
-    def _pipeline_rows(self, batch: Any, outputs: Sequence[str]) -> list[dict[str, Any]]:
-        """An `Embedder`'s `outputs` ("dense", and bge-m3's "sparse", "colbert") of a batch of ids, from one pass:
-        `embed_m3`'s step, with no prompt left out of the pooling (the ids carry none of the server's)."""
-        hidden = self.encoder.model(**batch, return_dict=True).last_hidden_state
-        mask = batch["attention_mask"]
-        columns: dict[str, list[Any]] = {}
-        if "dense" in outputs:
-            pooling = self.encoder.pipeline.modules.pooling
-            pooling.prompt_length = 0
-            try:
-                columns["dense"] = list(self.encoder.pipeline.modules(hidden, mask).cpu())
-            finally:
-                pooling.prompt_length = self.encoder.prompt_length
-        if "sparse" in outputs:
-            weights = self.encoder.m3_heads.lexical_weights(hidden, mask, batch["input_ids"])
-            columns["sparse"] = [_sparse_pairs(row) for row in weights]
-        if "colbert" in outputs:
-            columns["colbert"] = self.encoder.m3_heads.colbert_vectors(hidden, mask)
-        return [{name: columns[name][index] for name in outputs} for index in range(len(mask))]
+def _nonzero(vectors: Tensor) -> list[list[tuple[int, float]]]:
+    """Each of a SPLADE encoder's vectors as its nonzero (token id, weight) pairs, by id."""
+    from hfbert.tools.sparse import SparseEncoder
 
-
-def _nonzero(vector: Tensor) -> list[tuple[int, float]]:
-    """A dense (vocabulary,) vector's nonzero (token id, weight) pairs, by id."""
-    ids = vector.nonzero().flatten()
-    return list(zip(ids.tolist(), vector[ids].tolist(), strict=True))
+    return [list(zip(ids.tolist(), weights.tolist(), strict=True)) for ids, weights in SparseEncoder.nonzero(vectors)]
 
 
 def _sparse_pairs(weights: dict[str, float]) -> list[tuple[int, float]]:

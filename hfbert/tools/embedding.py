@@ -142,6 +142,13 @@ class Embedder(QueryDocumentPrompts, RetrievalEncoder):
         special |= {self.tokenizer.unk_token_id, self.tokenizer.mask_token_id}
         return len(ids) - (ids[-1] in special)
 
+    def prompt_tokens(self, prompt: str | None = None) -> int:
+        """How many leading tokens of an input `prompt` (None: the embedder's default prompt) takes that the pooling
+        leaves out: 0 where the folder's pooling keeps the prompt (`include_prompt`), else the prompt's tokens but
+        its trailing separator, as sentence-transformers counts them. `encode_ids(..., prompt_length=...)` takes it
+        for ids that begin with the prompt's."""
+        return self.prompt_length if prompt is None else self._prompt_length(prompt)
+
     @property
     def pooling(self) -> tuple[str, ...]:
         return self.pipeline.pooling
@@ -155,6 +162,27 @@ class Embedder(QueryDocumentPrompts, RetrievalEncoder):
         hidden = self.model(**batch, return_dict=True).last_hidden_state
         return self.pipeline.modules(hidden, batch["attention_mask"]).cpu()
 
+    def _token_embeddings(self, batch: Any) -> list[Tensor]:
+        """The inference step of `output_value="token_embeddings"`: each row's last hidden state at its real tokens
+        (the prompt's and the special tokens included), (tokens, hidden size) float32 on the CPU."""
+        hidden = self.model(**batch, return_dict=True).last_hidden_state
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        return [row[:length].float().cpu() for row, length in zip(hidden, lengths, strict=True)]
+
+    def _step(self, output_value: str) -> Any:
+        if output_value == "sentence_embedding":
+            return self._embeddings
+        if output_value == "token_embeddings":
+            return self._token_embeddings
+        raise ValueError(f"output_value must be 'sentence_embedding' or 'token_embeddings', not {output_value!r}")
+
+    def _stacked(self, rows: list[Tensor], convert_to_numpy: bool, convert_to_tensor: bool) -> Any:
+        if convert_to_tensor:
+            return torch.stack(rows) if rows else torch.empty(0, self.dimension, dtype=torch.float32)
+        if convert_to_numpy:
+            return torch.stack(rows).numpy() if rows else numpy.empty((0, self.dimension), dtype=numpy.float32)
+        return rows
+
     @torch.no_grad()
     def encode(
         self,
@@ -163,6 +191,7 @@ class Embedder(QueryDocumentPrompts, RetrievalEncoder):
         prompt: str | None = None,
         batch_size: int | None = None,
         show_progress_bar: Any = None,
+        output_value: str = "sentence_embedding",
         convert_to_numpy: bool = True,
         convert_to_tensor: bool = False,
     ) -> Any:
@@ -171,26 +200,55 @@ class Embedder(QueryDocumentPrompts, RetrievalEncoder):
         `convert_to_numpy=False`; one text (a str) gives one vector. `prompt` / `prompt_name` (the folder's prompt
         of that name): the text put before each text in this call (None for both: the embedder's default prompt).
         `batch_size` None: the embedder's. Longest texts are batched together first, as sentence-transformers does.
-        `show_progress_bar`: a flag, or a bar (anything with `update(n)`) to advance by each batch's size."""
+        `show_progress_bar`: a flag, or a bar (anything with `update(n)`) to advance by each batch's size.
+        `output_value="token_embeddings"`: each text's (tokens, hidden size) float32 last hidden state at its real
+        tokens (prompt and special tokens included) instead, a list of tensors whatever the `convert_to_*` flags, as
+        sentence-transformers gives them."""
         single = isinstance(texts, str)  # one text, not a sequence of one-character texts
         texts = [texts] if single else texts
         batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        step = self._step(output_value)
         text = self._prompt(prompt, prompt_name)
         prefix = (self.pipeline.prompt if text is None else text) or ""
         pooling = self.pipeline.modules.pooling
         pooling.prompt_length = self.prompt_length if text is None else self._prompt_length(text)
         try:
             with progress_bar(show_progress_bar, len(texts), "embed", "text") as bar:
-                rows = self._in_order(self._embeddings, texts, prefix=prefix, batch_size=batch_size, progress=bar)
+                rows = self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=bar)
         finally:
             pooling.prompt_length = self.prompt_length
-        if convert_to_tensor:
-            result: Any = torch.stack(rows) if rows else torch.empty(0, self.dimension, dtype=torch.float32)
-        elif convert_to_numpy:
-            result = torch.stack(rows).numpy() if rows else numpy.empty((0, self.dimension), dtype=numpy.float32)
-        else:
-            result = rows
+        if output_value == "token_embeddings":
+            return rows[0] if single else rows
+        result = self._stacked(rows, convert_to_numpy, convert_to_tensor)
         return result[0] if single else result
+
+    @torch.no_grad()
+    def encode_ids(
+        self,
+        sequences: Sequence[Sequence[int]],
+        prompt_length: int = 0,
+        batch_size: int | None = None,
+        output_value: str = "sentence_embedding",
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+    ) -> Any:
+        """`encode` of already tokenized inputs: each sequence of token ids is the model's input as given (no prompt,
+        special token or truncation added; what the tokenizer gives for a text, `/tokenize`'s ids, computes what the
+        text computes). `prompt_length`: how many leading ids are a prompt that the folder's pooling leaves out
+        (`include_prompt` false; 0: none; `prompt_tokens` counts them); outputs and `convert_to_*` as `encode`'s.
+        ValueError naming a sequence that is empty, longer than `max_length`, or holds an id outside the
+        vocabulary."""
+        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        step = self._step(output_value)
+        if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) or prompt_length < 0:
+            raise ValueError(f"prompt_length must be a non-negative integer, got {prompt_length!r}")
+        pooling = self.pipeline.modules.pooling
+        pooling.prompt_length = 0 if self.pipeline.include_prompt else prompt_length
+        try:
+            rows = self._in_order_ids(step, sequences, batch_size=batch_size)
+        finally:
+            pooling.prompt_length = self.prompt_length
+        return rows if output_value == "token_embeddings" else self._stacked(rows, convert_to_numpy, convert_to_tensor)
 
     def embed(self, texts: Sequence[str] | str, progress: Any = None) -> Tensor:
         """`encode(texts, convert_to_tensor=True)` with the embedder's prompt: a (texts, dimension) float32 tensor,
@@ -220,9 +278,36 @@ class Embedder(QueryDocumentPrompts, RetrievalEncoder):
             result = self.embed_m3([texts], outputs, progress, batch_size)
             return {key: None if value is None else value[0] for key, value in result.items()}
         names = parse_outputs(outputs)
+        prefix = self.pipeline.prompt or ""
+        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        rows = self._in_order(self._m3_step(names), texts, prefix=prefix, batch_size=batch_size, progress=progress)
+        return self._m3_result(names, rows)
+
+    @torch.no_grad()
+    def embed_m3_ids(
+        self,
+        sequences: Sequence[Sequence[int]],
+        outputs: str | Sequence[str] = M3_OUTPUTS,
+        batch_size: int | None = None,
+    ) -> dict[str, Any]:
+        """`embed_m3` of already tokenized inputs: each sequence of token ids is the model's input as given (no
+        prompt, special token or truncation added), the dense vector pooled over all of them. ValueError as
+        `encode_ids`'."""
+        names = parse_outputs(outputs)
+        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        pooling = self.pipeline.modules.pooling
+        pooling.prompt_length = 0
+        try:
+            rows = self._in_order_ids(self._m3_step(names), sequences, batch_size=batch_size)
+        finally:
+            pooling.prompt_length = self.prompt_length
+        return self._m3_result(names, rows)
+
+    def _m3_step(self, names: tuple[str, ...]) -> Any:
+        """bge-m3's inference step: each output of `names`, per text."""
         heads = self.m3_heads if {"sparse", "colbert"} & set(names) else None
 
-        def step(batch: Any) -> list[tuple[Any, ...]]:  # bge-m3's inference step: each asked output, per text
+        def step(batch: Any) -> list[tuple[Any, ...]]:
             hidden, mask = self.model(**batch, return_dict=True).last_hidden_state, batch["attention_mask"]
             columns = {
                 "dense": lambda: self.pipeline.modules(hidden, mask).cpu(),
@@ -231,9 +316,9 @@ class Embedder(QueryDocumentPrompts, RetrievalEncoder):
             }
             return list(zip(*(columns[name]() for name in names), strict=True))
 
-        prefix = self.pipeline.prompt or ""
-        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
-        rows = self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=progress)
+        return step
+
+    def _m3_result(self, names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
         result: dict[str, Any] = dict.fromkeys(RESULT_KEYS.values())
         for column, name in enumerate(names):
             result[RESULT_KEYS[name]] = [row[column] for row in rows]

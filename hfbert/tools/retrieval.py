@@ -10,7 +10,11 @@ method of each class: a tokenized batch in, one output row per text out (embeddi
 
 A caller that already holds one batch (the server's batcher, a Ray Data `map_batches` function) calls the public
 method (`Embedder.encode`, `CrossEncoder.predict`, `SparseEncoder.encode`) with `batch_size=len(texts)`: one model
-call, outputs as arrays in the batch's order.
+call, outputs as arrays in the batch's order. A caller that has tokenized already (the server counts each input's
+tokens before it batches, and takes token ids from clients) gives the ids instead (`Embedder.encode_ids`,
+`Embedder.embed_m3_ids`, `SparseEncoder.encode_ids`): the model's input as given, no prompt or special token added.
+`Embedder.encode(..., output_value="token_embeddings")` gives per-token vectors, `SparseEncoder.nonzero` sparse
+vectors as arrays of token ids and weights.
 """
 
 from __future__ import annotations
@@ -141,10 +145,52 @@ class RetrievalEncoder:
                 progress.update(len(indices))
             yield indices, outputs
 
+    def _id_batches(
+        self, step: Callable[[Any], Any], sequences: Sequence[Sequence[int]], *, batch_size: int, progress: Any = None
+    ) -> Iterator[tuple[list[int], Any]]:
+        """`_batches` for token id sequences taken as the model's input, as given: no prompt, special token or
+        truncation added, each batch padded (the tokenizer's pad id, right) with its attention mask. ValueError
+        naming the sequence for one that is empty, longer than `max_length`, or holds an id outside the vocabulary."""
+        sequences = [list(ids) for ids in sequences]
+        vocabulary = self.model.config.vocab_size
+        for number, ids in enumerate(sequences):
+            if not ids:
+                raise ValueError(f"token ids {number}: an empty sequence")
+            if len(ids) > self.max_length:
+                raise ValueError(f"token ids {number}: {len(ids)} ids, over the model's max_length {self.max_length}")
+            wrong = next(
+                (i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocabulary), None
+            )
+            if wrong is not None:
+                raise ValueError(f"token ids {number}: {wrong!r} is not a token id (the vocabulary has {vocabulary})")
+        order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+        for start in range(0, len(order), batch_size):
+            indices = order[start : start + batch_size]
+            batch = self.tokenizer.pad(
+                {"input_ids": [sequences[index] for index in indices]},
+                padding=True,
+                return_attention_mask=True,
+                return_tensors="pt",
+            ).to(self.device)
+            outputs = step(batch)
+            if progress is not None:
+                progress.update(len(indices))
+            yield indices, outputs
+
     def _in_order(self, step: Callable[[Any], Any], texts: Sequence[str], *args: Any, **batching: Any) -> list[Any]:
         """`step`'s output rows of every text, in input order (`_batches` runs them)."""
         rows: list[Any] = [None] * len(texts)
         for indices, outputs in self._batches(step, texts, *args, **batching):
+            for index, row in zip(indices, outputs, strict=True):
+                rows[index] = row
+        return rows
+
+    def _in_order_ids(
+        self, step: Callable[[Any], Any], sequences: Sequence[Sequence[int]], **batching: Any
+    ) -> list[Any]:
+        """`step`'s output rows of every token id sequence, in input order (`_id_batches` runs them)."""
+        rows: list[Any] = [None] * len(sequences)
+        for indices, outputs in self._id_batches(step, sequences, **batching):
             for index, row in zip(indices, outputs, strict=True):
                 rows[index] = row
         return rows

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 from torch import Tensor
 
@@ -115,24 +116,54 @@ class SparseEncoder(QueryDocumentPrompts, RetrievalEncoder):
         texts = [inputs] if single else list(inputs)
         active = self.max_active_dims if max_active_dims is None else _checked_max_active_dims(max_active_dims)
         prefix = prompt_of(self.settings, self.directory, prompt, prompt_name)
+        with progress_bar(show_progress_bar, len(texts), "sparse", "text") as bar:
+            rows = self._in_order(
+                self._step(active, convert_to_sparse_tensor, save_to_cpu),
+                texts,
+                prefix=prefix,
+                batch_size=batch_size,
+                progress=bar,
+            )
+        result = self._stacked(rows, convert_to_tensor, convert_to_sparse_tensor, save_to_cpu)
+        return result[0] if single else result
 
+    @torch.no_grad()
+    def encode_ids(
+        self,
+        sequences: Sequence[Sequence[int]],
+        batch_size: int = 32,
+        convert_to_tensor: bool = True,
+        convert_to_sparse_tensor: bool = True,
+        save_to_cpu: bool = False,
+        max_active_dims: int | None = None,
+    ) -> Tensor | list[Tensor]:
+        """`encode` of already tokenized inputs: each sequence of token ids is the model's input as given (no
+        prompt, special token or truncation added; what the tokenizer gives for a text computes what the text
+        computes). Outputs as `encode`'s. ValueError naming a sequence that is empty, longer than `max_length`, or
+        holds an id outside the vocabulary."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
+        active = self.max_active_dims if max_active_dims is None else _checked_max_active_dims(max_active_dims)
+        step = self._step(active, convert_to_sparse_tensor, save_to_cpu)
+        rows = self._in_order_ids(step, sequences, batch_size=batch_size)
+        return self._stacked(rows, convert_to_tensor, convert_to_sparse_tensor, save_to_cpu)
+
+    def _step(self, active: int | None, sparse: bool, save_to_cpu: bool) -> Any:
         def step(batch: Any) -> Tensor:
             vectors = self._vectors(batch, active)
-            if convert_to_sparse_tensor:
+            if sparse:
                 vectors = vectors.to_sparse()
             return vectors.cpu() if save_to_cpu else vectors
 
-        with progress_bar(show_progress_bar, len(texts), "sparse", "text") as bar:
-            rows = self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=bar)
-        if convert_to_tensor:
-            if rows:
-                result: Any = torch.stack(rows)  # type: ignore[arg-type]
-            else:
-                result = torch.tensor([], device="cpu" if save_to_cpu else self.device)
-                result = result.to_sparse() if convert_to_sparse_tensor else result
-        else:
-            result = rows
-        return result[0] if single else result
+        return step
+
+    def _stacked(self, rows: list[Tensor], convert_to_tensor: bool, sparse: bool, save_to_cpu: bool) -> Any:
+        if not convert_to_tensor:
+            return rows
+        if rows:
+            return torch.stack(rows)
+        result = torch.tensor([], device="cpu" if save_to_cpu else self.device)
+        return result.to_sparse() if sparse else result
 
     @torch.no_grad()
     def token_weights(
@@ -163,6 +194,26 @@ class SparseEncoder(QueryDocumentPrompts, RetrievalEncoder):
             return weights
 
         return self._in_order(step, texts, prefix=prefix, batch_size=batch_size, progress=progress)
+
+    @staticmethod
+    def nonzero(vectors: Tensor | Sequence[Tensor]) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
+        """Each vector's nonzero weights as arrays: (token ids, int64 ascending; their weights, float32), one pair
+        per vector of `encode`'s or `encode_ids`' output (sparse or dense, one (texts, vocabulary) tensor, a list of
+        (vocabulary,) tensors, or one vector), on the CPU."""
+        if isinstance(vectors, Tensor):
+            vectors = [vectors] if vectors.dim() == 1 else [vectors[index] for index in range(len(vectors))]
+        arrays = []
+        for vector in vectors:
+            if vector.is_sparse:
+                vector = vector.coalesce()  # sorted indices, duplicates summed
+                ids, weights = vector.indices()[0], vector.values()
+                kept = weights != 0
+                ids, weights = ids[kept], weights[kept]
+            else:
+                ids = vector.nonzero().flatten()
+                weights = vector[ids]
+            arrays.append((ids.cpu().numpy().astype(numpy.int64), weights.float().cpu().numpy()))
+        return arrays
 
     def tokens(self) -> list[str]:
         """The token string of every vocabulary id (the model's vocabulary: "[id:N]" where the tokenizer has none)."""
