@@ -4,6 +4,7 @@
 >>> model = hfbert.BertModel.from_pretrained("google-bert/bert-base-uncased")  # doctest: +SKIP
 """
 
+from hfbert.platform import threads as _threads  # noqa: F401  # isort: skip  first: OpenMP waits, before torch loads
 from converters.errors import CheckpointError, CheckpointNotFoundError
 from hfbert.inference import optimize_for_inference, restore_weights
 from hfbert.modeling.auto import (

@@ -102,6 +102,11 @@ class ParityReport:
             f"hfbert {self.versions['hfbert']}, "
             f"transformers {self.versions['transformers']}, torch {self.versions['torch']}",
             *([f"mkl        {self.versions['mkl']}"] if self.versions.get("mkl") and self.device == "cpu" else []),
+            *(
+                [f"threads    {self.versions['threads']}"]
+                if self.versions.get("threads") and self.device == "cpu"
+                else []
+            ),
             f"inputs     {described} sequences; {tokens} real tokens compared per output",
             *(f"           {case['name']}: {case['note']}" for case in self.cases if case.get("note")),
             f"verdict    {self.rule}",

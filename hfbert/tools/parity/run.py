@@ -18,6 +18,7 @@ from converters.errors import CheckpointError
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.platform.cpu import cpu_flags, cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
+from hfbert.platform.threads import threads_setting
 from hfbert.tools.extras import import_transformers
 from hfbert.tools.inspect import describe_files
 from hfbert.tools.parity.artifact_paths import ParityPaths, resolve_paths
@@ -203,7 +204,7 @@ def run_parity(
 
 
 def _environment(transformers: Any, options: ParityOptions) -> dict[str, str]:
-    """The report's environment line: the versions, the device's name and MKL's branch."""
+    """The report's environment line: the versions, the device's name, MKL's branch and OpenMP's threads."""
     return {
         "hfbert": installed_version("hfbert"),
         "torch": torch.__version__,
@@ -211,6 +212,7 @@ def _environment(transformers: Any, options: ParityOptions) -> dict[str, str]:
         "python": platform.python_version(),
         "device_name": torch.cuda.get_device_name(options.device) if options.device_type == "cuda" else cpu_name(),
         "mkl": mkl_branch(),
+        "threads": threads_setting(),
     }
 
 
