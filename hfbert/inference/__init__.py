@@ -1,7 +1,7 @@
 """The inference floor: speed applied to a built model from outside, by swapping its modules.
 
-- `optimize.py`: `optimize_for_inference(model)`, its table of modes, `restore_weights(model)`, `packed_layers` and
-  `inference_mode_of` (what was applied);
+- `optimize.py`: `optimize_for_inference(model)`, its table of modes and their accuracy bounds (`ACCURACY_BOUNDS`,
+  `SPARSE_BOUNDS`), `restore_weights(model)`, `packed_layers` and `inference_mode_of` (what was applied);
 - `measured.py`: which kernel is faster here, timed once per machine, shape and row count;
 - `kernel_cache.py`: those choices kept on disk for later processes, keyed by CPU, torch, caps and threads;
 - `swapped.py`: the one swap protocol (same parameters, build then swap, restore), the one per-call gate "kernel or
@@ -22,6 +22,7 @@ from hfbert.inference.optimize import (
     ACCURACY_BOUNDS,
     MODES,
     PRECISIONS,
+    SPARSE_BOUNDS,
     AppliedMode,
     inference_mode_of,
     optimize_for_inference,
@@ -34,6 +35,7 @@ __all__ = [
     "ACCURACY_BOUNDS",
     "MODES",
     "PRECISIONS",
+    "SPARSE_BOUNDS",
     "AppliedMode",
     "inference_mode_of",
     "optimize_for_inference",

@@ -49,9 +49,14 @@ replaces it in memory where only the kernel reads it: its file-backed pages are 
 On a CPU it also asks malloc to keep freed activation memory for the next forward (`allocator.py`: process-wide,
 glibc only): without that, every forward of a large batch faults its activations' pages in anew.
 
-Layers whose weight is shared (the masked-LM decoder tied to the word embeddings) and small layers (classifiers)
-stay as they are. Where the kernels cannot run (GPU, fp16/fp64, bf16 on CPUs that emulate it, a torch without
-oneDNN, non-x86 CPUs) nothing is swapped, the model runs as before and the call warns: `packed_layers(model)` says
+Small layers (classifiers) stay as they are, and so, in the fp32 modes, do layers whose weight is shared (the
+masked-LM decoder tied to the word embeddings). The int8 and bf16 modes swap that decoder too, SPLADE's vocabulary
+projection (`hfbert.tools.sparse`), which costs as much as the encoder: the swapped decoder holds the same Parameter
+as the embeddings (the tie is kept, through `restore_weights` too), its int8 or bf16 form is its own cache, and the
+form follows the shared weight as any other. Their contract for sparse (SPLADE) vectors is SPARSE_BOUNDS.
+
+Where the kernels cannot run (GPU, fp16/fp64, bf16 on CPUs that emulate it, a torch without oneDNN, non-x86 CPUs)
+nothing is swapped, the model runs as before and the call warns: `packed_layers(model)` says
 what was swapped, `inference_mode_of(model)` why nothing was.
 
 The forms follow the parameters (`swapped.py` says how), `.data` writes and PEFT's `merge_and_unload()` included
@@ -102,6 +107,11 @@ ACCURACY_BOUNDS = {"highest": 1.5, "high": 3.0}
 # bf16 rounds each product's inputs and outputs to 8 bits: its error is about 2**-9 of a value, thousands of times
 # fp32's, so its contract is not a multiple of fp32's error but OpenVINO bf16's error on the same inputs (`bf16.py`).
 PRECISIONS = (*ACCURACY_BOUNDS, "bf16")
+# The lossy modes' contract for sparse (SPLADE) vectors, whose vocabulary projection they run in int8 or bf16 too:
+# (relative RMS, largest element-wise error) of the vectors against float64, each over the float64 vectors' RMS and
+# largest weight (docs/numerical-contract.md, tests/test_sparse_quantized.py). The projection adds little to the
+# encoder's own error: the weights are log1p(relu(logit)), which moves no more than the logit does.
+SPARSE_BOUNDS = {"int8": (0.2, 0.35), "bf16": (0.03, 0.05)}
 # "measured": each swapped block runs, at each row count, what was measured fastest here (the plain computation
 # included). "always": every swapped block runs its most fused kernel, whatever its speed (for accuracy checks).
 KERNEL_CHOICES = ("measured", "always")
@@ -321,11 +331,24 @@ def _swap_bf16_intermediates(model: nn.Module, kernels: str) -> None:
 
 def _swap_bf16_linears(model: nn.Module, kernels: str) -> None:
     # The same smallest layer as int8's: a classifier's few outputs stay fp32, their rounding would land on logits.
-    _swap(model, _linears(model, BF16, MIN_INT8_WEIGHTS), lambda name, layer: BF16Linear.from_linear(layer))
+    _swap_lossy_linears(model, BF16Linear)
 
 
 def _swap_int8_linears(model: nn.Module, kernels: str) -> None:
-    _swap(model, _linears(model, INT8, MIN_INT8_WEIGHTS), lambda name, layer: Int8Linear.from_linear(layer))
+    _swap_lossy_linears(model, Int8Linear)
+
+
+def _swap_lossy_linears(model: nn.Module, linear_class: type[BF16Linear | Int8Linear]) -> None:
+    """Every large linear layer in `linear_class` (int8 or bf16), the vocabulary projection too: a masked-LM
+    decoder whose weight is the word embeddings' (SPLADE's projection, as costly as the encoder). The swap keeps that
+    Parameter, so the tie holds; the kernel's form is the swapped decoder's cache, and the shared weight stays in RAM
+    (the embeddings read it)."""
+    shared = _shared_weights(model)
+    _swap(
+        model,
+        _linears(model, linear_class.kernel, MIN_INT8_WEIGHTS, tied=True),
+        lambda name, layer: linear_class.from_linear(layer, _keep_pages=id(layer.weight) in shared),
+    )
 
 
 def _compile_int8(model: nn.Module, kernels: str) -> None:
@@ -467,12 +490,18 @@ def _why_plain(mode_name: str, plain: list[Swapped], swapped: int) -> str:
     return f"plain: {count} swapped layers or blocks run their plain computation: {'; '.join(reasons)}"
 
 
-def _linears(model: nn.Module, kernel: Kernel, min_weights: int) -> list[str]:
+def _shared_weights(model: nn.Module) -> set[int]:
+    """The ids of the parameters that more than one module holds (tied weights)."""
+    uses = Counter(id(parameter) for _, parameter in model.named_parameters(remove_duplicate=False))
+    return {key for key, count in uses.items() if count > 1}
+
+
+def _linears(model: nn.Module, kernel: Kernel, min_weights: int, tied: bool = False) -> list[str]:
     """The `nn.Linear` layers worth swapping for `kernel`: large enough, plain, not computed by a fused block (whose
     plain way runs them as nn.Linear; MPNet's `attn.o`, which its fused block calls as a module, is swapped as any
-    other), and owning their weight (a tied weight must stay one parameter of one module, or the tie would break
-    when a swap is undone)."""
-    uses = Counter(id(parameter) for _, parameter in model.named_parameters(remove_duplicate=False))
+    other), and owning their weight unless `tied` (the lossy modes swap a masked-LM decoder too: the swap keeps the
+    shared Parameter, so the tie holds through the swap and `restore_weights`; the fp32 modes leave it as it is)."""
+    shared = set() if tied else _shared_weights(model)
     fused = {
         id(layer) for module in model.modules() if isinstance(module, FusedBlock) for layer in module.inner_modules()
     }
@@ -482,7 +511,7 @@ def _linears(model: nn.Module, kernel: Kernel, min_weights: int) -> list[str]:
         if type(layer) is nn.Linear
         and kernel.supports(layer.weight)
         and id(layer) not in fused
-        and uses[id(layer.weight)] == 1
+        and id(layer.weight) not in shared
         and layer.weight.numel() >= min_weights
     ]
 

@@ -5,7 +5,10 @@ another class that can run a faster form of its parameters (packed blocks, int8 
 kernel. The swap:
 
 - keeps the same Parameter objects, child modules and hooks (`swap_state`): their `requires_grad`, their values,
-  their place in `parameters()` and `state_dict()` stay what they were;
+  their place in `parameters()` and `state_dict()` stay what they were. A tie is the Parameter object itself (a
+  masked-LM decoder's weight is its word embeddings'), so a swapped decoder keeps it, and `swap_out` gives it back
+  tied; its form is the swapped module's cache, never the Parameter's, and the Parameter's pages stay in RAM
+  (`_keep_pages`), as the embeddings read it at every forward;
 - builds every new module before any is put in place (`swap_in`, then the caller's setattr), so that a failure
   changes nothing, and `swap_out` gives the model's own class back;
 - holds the form as a cache: built from the current parameters, built again at the next call that runs the kernel
@@ -131,7 +134,9 @@ class Swapped:
         swapped = cls.__new__(cls)
         swapped.__dict__.update(swap_state(module))
         swapped.__dict__.update(attributes)
-        swapped._keep_pages = 0 in swapped._choice
+        # Pages stay where some row counts read the plain parameters, or where the caller says other modules read
+        # them (a tied weight: the word embeddings look rows up in the decoder's weight at every forward).
+        swapped._keep_pages = bool(attributes.get("_keep_pages")) or 0 in swapped._choice
         if any(swapped._choice):
             swapped.rebuild()
         return swapped

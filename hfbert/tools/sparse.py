@@ -56,9 +56,9 @@ class SparseEncoder(QueryDocumentPrompts, RetrievalEncoder):
     each vector's largest weights (default: the folder's, else all). The load options
     (`hfbert.tools.retrieval.LoadOptions`, as keywords or one `options`): `max_length` tokens per text (default: the
     folder's); `quantize="int8"` the encoder in int8 weights and activations (faster, lossy:
-    `hfbert/inference/int8.py`; the vocabulary projection, tied to the word embeddings, stays fp32);
+    `hfbert/inference/int8.py`; the vocabulary projection, tied to the word embeddings, too: `SPARSE_BOUNDS`);
     `precision="bf16"` the encoder's products in bf16, on CPUs that compute it natively (`hfbert/inference/bf16.py`;
-    the projection stays fp32); `device`, `dtype`, `revision`, `cache_dir`, `token`, `ignore_auto_map`."""
+    the vocabulary projection too); `device`, `dtype`, `revision`, `cache_dir`, `token`, `ignore_auto_map`."""
 
     def __init__(
         self,
