@@ -121,7 +121,7 @@ def _tiled(rows: Tensor, packed: Tensor, bias: Tensor | None, post_op: str, tile
 # The product as one op for the compiled path (`compiled.py`): inductor's own lowering of oneDNN's product promotes
 # a bf16 input and an fp32 bias to one dtype, which would round the bias to bf16 or run the product in fp32. As an
 # op of its own it runs as in eager, called from the compiled code. Defined with torch.library's low-level API, not
-# `custom_op`, whose wrapper costs about 4 us more per call (a batch-1 forward makes 49); the compiled path runs
+# `custom_op`, whose wrapper costs more per call (docs/cpu-inference.md); the compiled path runs
 # under no_grad only, so the op needs no autograd formula.
 _LIBRARY = torch.library.Library("hfbert", "DEF")
 _LIBRARY.define("bf16_product(Tensor rows, Tensor packed, Tensor? bias, str post_op, int[] tiles) -> Tensor")

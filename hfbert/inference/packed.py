@@ -28,7 +28,8 @@ from hfbert.platform.cpu import bfloat16_native
 from hfbert.platform.onednn import onednn_ops
 
 PACKED_BLOCK = 192
-# oneDNN costs about 25 us more per call than F.linear: smaller layers (a classifier's few outputs) stay nn.Linear.
+# oneDNN costs more per call than F.linear: smaller layers (a classifier's few outputs) stay nn.Linear
+# (docs/cpu-inference.md, "Thresholds").
 MIN_PACKED_WEIGHTS = 2**19
 # Many rows through few blocks: every block re-reads and rewrites the whole output, so tiles of TILE_ROWS rows keep
 # it in cache. With many blocks (the feed-forward output's 3072 inputs) the extra calls cost more than the cache saves.

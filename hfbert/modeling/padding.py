@@ -46,8 +46,7 @@ ScoreTerm = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 # A bucket holds sequences at least this fraction as long as its longest, bounding the padding inside it.
 BUCKET_FILL = 0.75
 # A windowed attention runs as a band past this many windows of length: below, the dense kernel on the masked
-# square is as fast (measured with ModernBERT's window of 64 on 2 cores of a Xeon: the band is 1.4x faster at 1,024
-# tokens, 2.6x at 2,048, 18x at 8,192, slower under about 512).
+# square is as fast (docs/cpu-inference.md, "Thresholds": where it was measured).
 BAND_FROM = 12
 
 

@@ -376,7 +376,7 @@ class _Battery:
 
         if options.device_type == "cpu":
             # Freed memory kept for the next batch, process-wide (hfbert.platform.allocator): without it, every cast
-            # of the float64 reference's weights and every large output faults its pages in anew (3x slower).
+            # of the float64 reference's weights and every large output faults its pages in anew.
             from hfbert.platform.allocator import keep_freed_memory
 
             keep_freed_memory()
