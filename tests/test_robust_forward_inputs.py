@@ -103,14 +103,14 @@ def test_int32_ids_are_accepted_and_equal_int64(typed_model):
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("embeds_dtype", [torch.float64, *DTYPES])
 def test_inputs_embeds_dtype_is_checked_as_the_kernels_need(model_dtype, embeds_dtype, monkeypatch):
-    import hfbert.modeling.model
+    import hfbert.modeling.encoder
     from hfbert.modeling.inputs import check_inputs
 
     torch.manual_seed(0)
     model = hfbert.BertModel(hfbert.BertConfig(**CONFIG)).to(model_dtype).eval()
     embeds = torch.zeros(2, 4, 96, dtype=embeds_dtype)
     with monkeypatch.context() as unchecked, torch.no_grad():  # what the kernels do without the check
-        unchecked.setattr(hfbert.modeling.model, "check_inputs", lambda *arguments, **keywords: None)
+        unchecked.setattr(hfbert.modeling.encoder, "check_inputs", lambda *arguments, **keywords: None)
         try:
             model(inputs_embeds=embeds)
             runs = True
