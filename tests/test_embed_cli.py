@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -21,8 +20,8 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.ray_data import mixed_texts
 from hfbert.cli import main
-from hfbert.tools.parity import default_texts
 
 from support.helpers import minilm_directory
 
@@ -32,21 +31,9 @@ TEXT_COUNT = 300
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
-    """Fragments of a few words, whole sentences, runs of sentences and texts over 256 tokens, in random order."""
-    generator = random.Random(0)
-    sentences = default_texts()
-    texts = []
-    for _ in range(TEXT_COUNT):
-        kind = generator.random()
-        if kind < 0.3:
-            texts.append(" ".join(generator.choice(sentences).split()[: generator.randint(1, 4)]))
-        elif kind < 0.7:
-            texts.append(generator.choice(sentences))
-        elif kind < 0.95:
-            texts.append(" ".join(generator.sample(sentences, generator.randint(2, 6))))
-        else:  # longer than the 256 tokens all-MiniLM-L6-v2 reads: truncated, as sentence-transformers does
-            texts.append(" ".join(generator.sample(sentences, 20)))
-    return texts
+    """Fragments of a few words, whole sentences, runs of sentences and texts over 256 tokens (truncated, as
+    sentence-transformers does), in random order: the Ray Data benchmark's corpus."""
+    return mixed_texts(TEXT_COUNT, seed=0)
 
 
 _REFERENCES: dict[int, np.ndarray] = {}
