@@ -8,6 +8,7 @@ from hfbert.platform import threads as _threads  # noqa: F401  # isort: skip  fi
 from converters.errors import CheckpointError, CheckpointNotFoundError
 from hfbert.inference import optimize_for_inference, restore_weights
 from hfbert.modeling.auto import (
+    AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForMultipleChoice,
@@ -15,7 +16,7 @@ from hfbert.modeling.auto import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
-from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.config import BertConfig, ConfigError, EncoderConfig
 from hfbert.modeling.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -83,7 +84,9 @@ __all__ = [
     "AutoModelForTokenClassification",
     "AutoTokenizer",
     "BatchEncoding",
+    "AutoConfig",
     "BertConfig",
+    "EncoderConfig",
     "BertForMaskedLM",
     "BertForMultipleChoice",
     "BertForNextSentencePrediction",

@@ -69,9 +69,9 @@ def check_model(directory: Path, task: str = "model") -> None:
     model_type, named as such), a malformed field or a family without a class for `task` fails at once."""
     from converters.hub import CONFIG_FILE
     from hfbert.modeling.auto import model_class
-    from hfbert.modeling.config import BertConfig
+    from hfbert.modeling.config import EncoderConfig
 
-    model_class(BertConfig.from_json_file(directory / CONFIG_FILE), task)
+    model_class(EncoderConfig.from_json_file(directory / CONFIG_FILE), task)
 
 
 def _json_dump(value: Any) -> str:

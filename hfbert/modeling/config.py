@@ -1,9 +1,13 @@
-"""`BertConfig`: a typed mirror of a BERT `config.json`.
+"""`EncoderConfig`, what every member's config shares, and `BertConfig`, a typed mirror of a BERT `config.json`.
 
-Every field transformers' `BertConfig` reads for an encoder is declared here with its type and default, and so are
-the fields every transformers config has that its users set (`return_dict`, `dtype`, `chunk_size_feed_forward`,
-`architectures`). Keys this class does not know (`transformers_version`, `_name_or_path`, ...) are kept in
-`extra_fields` and written back unchanged, so a config survives a load/save round trip byte for byte in meaning.
+`EncoderConfig` holds the fields every transformers config has that its users set (`return_dict`, `dtype`, the
+labels, `chunk_size_feed_forward`, `architectures`, the special token ids) and the machinery: reading config.json
+into the member's class its `model_type` names, validation, saving. It declares no shape: each member's class
+declares its own fields with transformers' names and defaults (DistilBERT's `dim` and `n_layers` as much as BERT's
+`hidden_size`), and names which of them the common checks cover (`positive_integers`, `probabilities`, ...) and
+which read under the common names (`attribute_map`, as transformers has it). Keys a class does not know
+(`transformers_version`, `_name_or_path`, ...) are kept in `extra_fields` and written back unchanged, so a config
+survives a load/save round trip byte for byte in meaning.
 
     >>> config = BertConfig(hidden_size=96, num_attention_heads=3, intermediate_size=200)
     >>> config.head_size
@@ -30,7 +34,7 @@ from hfbert.modeling.positions import AbsolutePositions, PositionScheme
 
 
 class ConfigError(ValueError):
-    """A config.json (or keyword) value that hfbert cannot build a BERT encoder from."""
+    """A config.json (or keyword) value that hfbert cannot build an encoder from."""
 
 
 # Keywords of transformers' `PretrainedConfig.from_pretrained` that configure the download, not the model.
@@ -50,34 +54,17 @@ LOADER_OPTIONS = frozenset(
 
 
 @dataclass
-class BertConfig:
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int | None = 0
-    position_embedding_type: str = "absolute"
-    use_cache: bool = True
-    classifier_dropout: float | None = None
-    is_decoder: bool = False
-    add_cross_attention: bool = False
+class EncoderConfig:
+    """The fields and machinery every member's config shares; a member's class (`BertConfig`, `ModernBertConfig`,
+    ...) adds its own fields. `EncoderConfig.from_pretrained` / `from_dict` read any member's config.json into that
+    member's class, as transformers' AutoConfig does."""
+
+    pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = True
     output_hidden_states: bool = False
     output_attentions: bool = False
-    # Fields of every transformers config (its `PretrainedConfig`), with its defaults. `return_dict`: what forward
-    # returns when the call does not say. `dtype`: the weights' dtype (a torch.dtype; its name in config.json).
-    # `chunk_size_feed_forward`: transformers runs the feed-forward over chunks of this many positions to save
-    # memory (the same function); hfbert keeps the value and runs it whole. `architectures`: the saved class.
     return_dict: bool = True
     dtype: torch.dtype | str | None = None
     chunk_size_feed_forward: int = 0
@@ -89,7 +76,7 @@ class BertConfig:
     # Constructor shortcut, as in transformers: BertConfig(num_labels=3) makes LABEL_0..LABEL_2. Derived from
     # id2label afterwards and never written to config.json.
     num_labels: int | None = None
-    model_type: str = "bert"
+    model_type: str = ""
     extra_fields: dict[str, Any] = field(default_factory=dict, repr=False)
     # Where the config came from, so every error can name the file. Not part of config.json.
     source: str | None = field(default=None, repr=False, compare=False)
@@ -101,15 +88,27 @@ class BertConfig:
     # transformers' older name of `dtype`, accepted as transformers 5 accepts it (`dtype` wins when both are given);
     # never stored: `config.torch_dtype` reads `dtype` (the property set after the class).
     torch_dtype: InitVar[torch.dtype | str | None] = None
-    # transformers' composite-model hook: a BERT config holds no nested configs.
+    # transformers' composite-model hook: an encoder's config holds no nested configs.
     sub_configs: ClassVar[dict[str, type]] = {}
+    # What the common checks cover, by field name, in the member's own spelling: its shape (positive integers), its
+    # dropout probabilities, other positive numbers (epsilons, the initializer's range), activation names, flags.
+    positive_integers: ClassVar[tuple[str, ...]] = ()
+    probabilities: ClassVar[tuple[str, ...]] = ()
+    positive_numbers: ClassVar[tuple[str, ...]] = ()
+    activations: ClassVar[tuple[str, ...]] = ()
+    flags: ClassVar[tuple[str, ...]] = ("tie_word_embeddings", "output_hidden_states", "output_attentions")
+    # The common names of facts the member spells its own way (transformers' `attribute_map`: DistilBERT's
+    # {"hidden_size": "dim", ...}); reading or setting the common name reads or sets the member's field.
+    attribute_map: ClassVar[dict[str, str]] = {}
+    # The member's own fields that `hfbert inspect` shows beside the common facts (`inspect_facts`).
+    inspect_fields: ClassVar[tuple[str, ...]] = ()
     # What reading this member's files needs below the family table (family.py): how it counts positions
     # (positions.py) and how its checkpoints name their tensors (converters.key_map). A member's class sets its own.
     positions: ClassVar[PositionScheme] = AbsolutePositions()
     key_layout: ClassVar[KeyLayout] = BERT_KEYS
     # model_type -> config class: each member's class enters itself when it is defined (`__init_subclass__`), so
     # that a file is read into its member's class, as transformers' AutoConfig does, without this class naming any.
-    members: ClassVar[dict[str, type[BertConfig]]] = {}
+    members: ClassVar[dict[str, type[EncoderConfig]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -117,7 +116,7 @@ class BertConfig:
         # (no model_type of its own) changes nothing.
         model_type = cls.__dict__.get("model_type")
         if isinstance(model_type, str):
-            BertConfig.members.setdefault(model_type, cls)
+            EncoderConfig.members.setdefault(model_type, cls)
 
     def __post_init__(self, attn_implementation: str | None, torch_dtype: torch.dtype | str | None) -> None:
         if attn_implementation is not None:
@@ -153,6 +152,7 @@ class BertConfig:
         object.__setattr__(self, "_constructed", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        name = type(self).attribute_map.get(name, name)
         super().__setattr__(name, value)
         # As transformers' `num_labels` setter: a new count after construction makes new labels (LABEL_0, ...), so
         # config.json (which stores id2label, not num_labels) describes the head the model builds.
@@ -176,44 +176,45 @@ class BertConfig:
         return dtype
 
     def validate(self) -> None:
-        """Raise `ConfigError` naming the first field that cannot describe a BERT encoder."""
+        """Raise `ConfigError` naming the first field that cannot describe this member's encoder."""
         # The model type first: another family's file (DeBERTa's has no token types, type_vocab_size 0) fails on its
-        # model_type, not on the first of its fields that BERT reads differently.
+        # model_type, not on the first of its fields that this class reads differently.
         if not isinstance(self.model_type, str) or self.model_type not in self.members:
             members = ", ".join(map(repr, self.members))
             raise self._fail("model_type", f"is {self.model_type!r}; hfbert loads {members}")
-        for name in _POSITIVE_INTEGERS:
+        if not isinstance(self, self.members[self.model_type]):
+            raise self._fail(
+                "model_type",
+                f"is {self.model_type!r}, which {type(self).__name__} does not describe; read it with "
+                f"hfbert.AutoConfig (or {self.members[self.model_type].__name__})",
+            )
+        layers_field = self.attribute_map.get("num_hidden_layers", "num_hidden_layers")
+        for name in self.positive_integers:
             value = getattr(self, name)
             if not is_integer(value) or value <= 0:
                 raise self._fail(name, f"must be a positive integer, got {value!r}")
-            limit = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
+            limit = MAX_LAYERS if name == layers_field else MAX_SIZE
             if value > limit:
                 raise self._fail(name, f"is {value}; hfbert supports at most {limit} (is config.json corrupt?)")
-        for name in _PROBABILITIES:
+        for name in self.probabilities:
             value = getattr(self, name)
             if value is None and name == "classifier_dropout":
                 continue
             if not is_number(value) or not 0.0 <= value <= 1.0:
                 raise self._fail(name, f"must be a number in [0, 1], got {value!r}")
-        for name in ("initializer_range", "layer_norm_eps"):
+        for name in self.positive_numbers:
             value = getattr(self, name)
             if not is_number(value) or not 0 < value < math.inf:
                 raise self._fail(name, f"must be a positive number, got {value!r}")
         # hidden_size need not split into the heads here: transformers saves and reads such a config back, and only
         # its model refuses it. So does hfbert's (`check_heads`, naming the file the config came from).
-        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
-            raise self._fail("hidden_act", f"is {self.hidden_act!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
-        if self.position_embedding_type != "absolute":
-            raise self._fail(
-                "position_embedding_type",
-                f"is {self.position_embedding_type!r}; hfbert implements only 'absolute' position embeddings",
-            )
-        for name in ("tie_word_embeddings", "output_hidden_states", "output_attentions"):
+        for name in self.activations:
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in ACTIVATIONS:
+                raise self._fail(name, f"is {value!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
+        for name in self.flags:
             if not isinstance(getattr(self, name), bool):
                 raise self._fail(name, f"must be true or false, got {getattr(self, name)!r}")
-        for name in ("is_decoder", "add_cross_attention"):
-            if getattr(self, name) is not False:
-                raise self._fail(name, "must be false: hfbert is an encoder (no causal mask, no cross-attention)")
         # Kept as written (1 / 0 / null in older files): transformers' BertModel returns a tuple only for False, its
         # task models for any falsy value (`wants_tuple`, heads.py).
         if self.return_dict not in (True, False, None) or isinstance(self.return_dict, float):
@@ -253,7 +254,7 @@ class BertConfig:
 
     @property
     def is_encoder_decoder(self) -> bool:
-        """transformers' flag for encoder-decoder models; BERT is an encoder."""
+        """transformers' flag for encoder-decoder models; every member is an encoder."""
         return False
 
     def check_heads(self) -> None:
@@ -299,8 +300,23 @@ class BertConfig:
         layers); None where every layer attends to every key alike."""
         return None
 
+    def inspect_facts(self) -> dict[str, Any]:
+        """What `hfbert inspect` shows of this config: the common facts under their common names, then the member's
+        own `inspect_fields`, then its layer pattern where its layers differ (`attention_pattern`)."""
+        facts = {name: getattr(self, name) for name in _COMMON_FACTS}
+        facts["hidden_act"] = self.feed_forward_activation
+        facts |= {name: getattr(self, name) for name in self.inspect_fields}
+        pattern = self.attention_pattern()
+        if pattern is not None:
+            facts["attention"] = pattern
+        return facts
+
     def __getattr__(self, name: str) -> Any:
-        # Unknown config.json keys read like fields, as they do on transformers' configs.
+        # Only reached when `name` is no attribute: a common name of a member's own field (attribute_map), then
+        # unknown config.json keys, which read like fields, as they do on transformers' configs.
+        mapped = type(self).attribute_map.get(name)
+        if mapped is not None:
+            return getattr(self, mapped)
         extra = self.__dict__.get("extra_fields", {})
         if name in extra:
             return extra[name]
@@ -308,7 +324,7 @@ class BertConfig:
 
     # -- dict and JSON -----------------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: dict[str, Any], *, source: str | None = None) -> BertConfig:
+    def from_dict(cls, values: dict[str, Any], *, source: str | None = None) -> EncoderConfig:
         """Build a config from a parsed config.json; unknown keys go to `extra_fields`.
 
         `source` (a file name) is quoted in every error message.
@@ -318,11 +334,13 @@ class BertConfig:
             raise ConfigError(f"{where}expected a JSON object, got {type(values).__name__}")
         # A family member's file gets its class, as transformers' AutoConfig gives it (its defaults fill gaps), and
         # that class's fields are the known keys.
-        family_class = (
-            cls.members.get(values.get("model_type"), cls) if isinstance(values.get("model_type"), str) else cls
-        )
+        # A file without model_type (some of the oldest BERT checkpoints) is BERT's, as hfbert has always read it.
+        model_type = values.get("model_type", "bert" if cls is EncoderConfig else None)
+        family_class = cls.members.get(model_type, cls) if isinstance(model_type, str) else cls
         if issubclass(family_class, cls):
             cls = family_class
+        elif cls is EncoderConfig:  # an unknown model_type: validate names it
+            cls = cls.members["bert"]
         # num_labels is accepted; the runtime attention setting is not read from files.
         known = {f.name for f in dataclasses.fields(cls)} - {"extra_fields", "source", "_attn_implementation"}
         typed = {key: value for key, value in values.items() if key in known}
@@ -337,7 +355,7 @@ class BertConfig:
         return cls(**typed, extra_fields=extra, source=source)
 
     @classmethod
-    def from_object(cls, config: Any, *, source: str | None = None) -> BertConfig:
+    def from_object(cls, config: Any, *, source: str | None = None) -> EncoderConfig:
         """A copy of a config object, hfbert's or transformers' (anything with `to_dict()`), as the model built
         from it would see it. Its `problem_type` is taken as it is set: transformers refuses
         'single_label_classification' with one label when a config is built or loaded, but runs a model whose
@@ -353,7 +371,7 @@ class BertConfig:
         return copy
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
+    def from_json_file(cls, path: str | os.PathLike) -> EncoderConfig:
         """Read a config.json.
 
         >>> config = BertConfig.from_json_file("bert-base-uncased/config.json")  # doctest: +SKIP
@@ -362,7 +380,7 @@ class BertConfig:
         try:
             values = read_json(path, error=ConfigError)
         except FileNotFoundError:
-            raise ConfigError(f"{path}: file not found (a BERT checkpoint needs a config.json)") from None
+            raise ConfigError(f"{path}: file not found (a checkpoint needs a config.json)") from None
         except OSError as error:
             raise ConfigError(f"{path}: cannot read: {error}") from None
         return cls.from_dict(values, source=str(path))
@@ -375,7 +393,7 @@ class BertConfig:
         revision: str | None = None,
         subfolder: str = "",
         **overrides: Any,
-    ) -> BertConfig:
+    ) -> EncoderConfig:
         """The config.json of a checkpoint directory or Hub repo id (only that file is downloaded; `subfolder`: the
         folder inside it that holds it), with keyword overrides applied, as transformers' `BertConfig.from_pretrained`
         (PEFT calls it on the base model).
@@ -388,7 +406,7 @@ class BertConfig:
         loader_options = sorted(LOADER_OPTIONS & overrides.keys())
         if loader_options:
             raise TypeError(
-                f"BertConfig.from_pretrained: {', '.join(loader_options)} not supported (hfbert resolves repo ids "
+                f"{cls.__name__}.from_pretrained: {', '.join(loader_options)} not supported (hfbert resolves repo ids "
                 "through huggingface_hub's cache and environment; pass revision= for a commit)"
             )
         directory = resolve_checkpoint(
@@ -406,8 +424,8 @@ class BertConfig:
         directory.mkdir(parents=True, exist_ok=True)
         self.to_json_file(directory / "config.json")
 
-    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> BertConfig:
-        """transformers asks multimodal configs for their text part; a BERT config is all text."""
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> EncoderConfig:
+        """transformers asks multimodal configs for their text part; an encoder's config is all text."""
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -448,28 +466,81 @@ class BertConfig:
             temporary.write_text(self.to_json_string(), encoding="utf-8")
 
 
-def _torch_dtype_alias(config: BertConfig) -> torch.dtype | str | None:
+def _torch_dtype_alias(config: EncoderConfig) -> torch.dtype | str | None:
     """transformers' older name of `dtype`."""
     return config.dtype
 
 
-def _set_torch_dtype_alias(config: BertConfig, value: torch.dtype | str | None) -> None:
+def _set_torch_dtype_alias(config: EncoderConfig, value: torch.dtype | str | None) -> None:
     config.dtype = value
 
 
 # Set after the class is made: in its body, the property would be taken for the default of the `torch_dtype` InitVar.
-BertConfig.torch_dtype = property(_torch_dtype_alias, _set_torch_dtype_alias)
+EncoderConfig.torch_dtype = property(_torch_dtype_alias, _set_torch_dtype_alias)
 
-BertConfig.members["bert"] = BertConfig
-_POSITIVE_INTEGERS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
+
+@dataclass
+class BertConfig(EncoderConfig):
+    """config.json of a BERT checkpoint, with transformers' BertConfig fields and defaults.
+
+    >>> BertConfig(hidden_size=96, num_attention_heads=3, intermediate_size=200).head_size
+    32
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    position_embedding_type: str = "absolute"
+    use_cache: bool = True
+    classifier_dropout: float | None = None
+    is_decoder: bool = False
+    add_cross_attention: bool = False
+    model_type: str = "bert"
+
+    positive_integers: ClassVar[tuple[str, ...]] = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+    )
+    probabilities: ClassVar[tuple[str, ...]] = (
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+    )
+    positive_numbers: ClassVar[tuple[str, ...]] = ("initializer_range", "layer_norm_eps")
+    activations: ClassVar[tuple[str, ...]] = ("hidden_act",)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.position_embedding_type != "absolute":
+            raise self._fail(
+                "position_embedding_type",
+                f"is {self.position_embedding_type!r}; hfbert implements only 'absolute' position embeddings",
+            )
+        for name in ("is_decoder", "add_cross_attention"):
+            if getattr(self, name) is not False:
+                raise self._fail(name, "must be false: hfbert is an encoder (no causal mask, no cross-attention)")
+
+
+# The facts every member has, under their common names, that `hfbert inspect` shows first (`inspect_facts`).
+_COMMON_FACTS = (
+    "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+    "max_position_embeddings", "max_sequence_length",
+)  # fmt: skip
 # Far above any real BERT, far below sizes whose parameters overflow torch's size arithmetic (even on the meta
 # device) or whose layers and labels take minutes to build: a corrupt config.json fails here, not in torch.
 MAX_SIZE = 2**24
@@ -481,7 +552,6 @@ _TRUTHY_FLAGS = ("output_hidden_states", "output_attentions")
 # `PretrainedConfig` fields and their defaults, which transformers leaves out of config.json when they have them.
 _GENERIC_DEFAULTS = {"return_dict": True, "dtype": None, "chunk_size_feed_forward": 0, "architectures": None}
 _NOT_IN_JSON = ("extra_fields", "source", "num_labels", "_attn_implementation")
-_PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 
 
 def is_integer(value: Any) -> bool:

@@ -91,7 +91,8 @@ def check_inputs(
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return
     _check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
-    _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+    if token_type_ids is not None:  # a member without token types refuses them before this, and has no such field
+        _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
     _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         not_binary = (attention_mask != 0) & (attention_mask != 1)

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from converters.key_map import CLASSIFIER_HEAD, DECODER, MODERNBERT_KEYS, PREDICTION_HEAD, KeyLayout
 from hfbert.modeling.activations import ACTIVATIONS
-from hfbert.modeling.config import BertConfig, is_integer, is_number
+from hfbert.modeling.config import EncoderConfig, is_integer, is_number
 from hfbert.modeling.encoder import EncoderLayer, EncoderModel
 from hfbert.modeling.inputs import check_no_token_types, class_labels
 from hfbert.modeling.outputs import BertModelOutput, LogitsOutput, QuestionAnsweringOutput
@@ -56,23 +56,10 @@ from hfbert.modeling.task import (
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 DEFAULT_THETAS = {FULL: 160_000.0, SLIDING: 10_000.0}
-# BERT's fields that ModernBERT has not (its own: hidden_activation, norm_eps, embedding/mlp/attention_dropout):
-# left out of config.json unless the file set them.
-_NOT_MODERNBERT = (
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "type_vocab_size",
-    "layer_norm_eps",
-    "position_embedding_type",
-    "use_cache",
-    "is_decoder",
-    "add_cross_attention",
-)
 
 
 @dataclass
-class ModernBertConfig(BertConfig):
+class ModernBertConfig(EncoderConfig):
     """config.json of a ModernBERT checkpoint, with transformers' ModernBertConfig defaults (ModernBERT-base's shape).
 
     The layer pattern and the rotary bases are read in both spellings: transformers 5's `layer_types` and
@@ -86,6 +73,7 @@ class ModernBertConfig(BertConfig):
     num_attention_heads: int = 12
     hidden_activation: str = "gelu"
     max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
     initializer_cutoff_factor: float = 2.0
     norm_eps: float = 1e-5
     norm_bias: bool = False
@@ -118,6 +106,32 @@ class ModernBertConfig(BertConfig):
 
     positions: ClassVar[PositionScheme] = RotaryPositions()
     key_layout: ClassVar[KeyLayout] = MODERNBERT_KEYS
+    positive_integers: ClassVar[tuple[str, ...]] = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+    )
+    probabilities: ClassVar[tuple[str, ...]] = ("attention_dropout", "embedding_dropout", "mlp_dropout")
+    positive_numbers: ClassVar[tuple[str, ...]] = ("initializer_range", "initializer_cutoff_factor", "norm_eps")
+    activations: ClassVar[tuple[str, ...]] = ("hidden_activation", "classifier_activation")
+    flags: ClassVar[tuple[str, ...]] = (
+        *EncoderConfig.flags,
+        "norm_bias",
+        "attention_bias",
+        "mlp_bias",
+        "decoder_bias",
+        "classifier_bias",
+        "sparse_prediction",
+    )
+    inspect_fields: ClassVar[tuple[str, ...]] = (
+        "hidden_activation", "initializer_cutoff_factor", "norm_eps", "norm_bias", "cls_token_id", "sep_token_id",
+        "attention_bias", "attention_dropout", "layer_types", "rope_parameters", "local_attention",
+        "embedding_dropout", "mlp_bias", "mlp_dropout", "decoder_bias", "classifier_pooling", "classifier_bias",
+        "classifier_activation", "deterministic_flash_attn", "sparse_prediction", "sparse_pred_ignore_index",
+    )  # fmt: skip
 
     def __post_init__(
         self,
@@ -207,28 +221,11 @@ class ModernBertConfig(BertConfig):
             theta = rope.get("rope_theta")
             if not is_number(theta) or not 1.0 < theta < math.inf:
                 raise self._fail("rope_parameters", f"{kind!r} rope_theta must be a number > 1, got {theta!r}")
-        for name in ("hidden_activation", "classifier_activation"):
-            if getattr(self, name) not in ACTIVATIONS:
-                raise self._fail(name, f"is {getattr(self, name)!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise self._fail("classifier_pooling", f"is {self.classifier_pooling!r}; expected 'cls' or 'mean'")
-        for name in ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"):
-            value = getattr(self, name)
-            if not is_number(value) or not 0.0 <= value <= 1.0:
-                raise self._fail(name, f"must be a number in [0, 1], got {value!r}")
-        if not is_number(self.norm_eps) or not 0 < self.norm_eps < math.inf:
-            raise self._fail("norm_eps", f"must be a positive number, got {self.norm_eps!r}")
-        for name in ("norm_bias", "attention_bias", "mlp_bias", "decoder_bias", "classifier_bias", "sparse_prediction"):
-            if not isinstance(getattr(self, name), bool):
-                raise self._fail(name, f"must be true or false, got {getattr(self, name)!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        defaults = BertConfig.__dataclass_fields__
-        return {
-            key: value
-            for key, value in super().to_dict().items()
-            if key not in _NOT_MODERNBERT or key in self.extra_fields or value != defaults[key].default
-        }
+        # transformers' ModernBERT reads classifier_dropout as a number (0.0 by default), never None.
+        if not is_number(self.classifier_dropout) or not 0.0 <= self.classifier_dropout <= 1.0:
+            raise self._fail("classifier_dropout", f"must be a number in [0, 1], got {self.classifier_dropout!r}")
 
 
 def _layer_norm(config: ModernBertConfig) -> nn.LayerNorm:
@@ -319,7 +316,7 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
     """What every ModernBERT class declares, and transformers' initialisation for it: truncated normals, cut at
     `initializer_cutoff_factor` standard deviations, the output projections scaled by depth."""
 
-    config_class: ClassVar[type[BertConfig]] = ModernBertConfig
+    config_class: ClassVar[type[EncoderConfig]] = ModernBertConfig
     base_model_prefix: ClassVar[str] = "model"
 
     @torch.no_grad()

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from converters.key_map import MPNET_KEYS, KeyLayout
-from hfbert.modeling.config import MAX_SIZE, BertConfig, is_integer
+from hfbert.modeling.config import MAX_SIZE, BertConfig, EncoderConfig, is_integer
 from hfbert.modeling.heads import BertForQuestionAnswering, BertForTokenClassification
 from hfbert.modeling.inputs import check_no_token_types
 from hfbert.modeling.model import BertEncoder, BertLayer, BertModel
@@ -43,26 +43,39 @@ from hfbert.modeling.shared_heads import (
     LMHeadForMaskedLM,
 )
 
-_NOT_MPNET = ("type_vocab_size", "position_embedding_type", "use_cache", "classifier_dropout")
-
 
 @dataclass
-class MPNetConfig(BertConfig):
-    """config.json of an MPNet checkpoint (all-mpnet-base-v2), with transformers' MPNetConfig defaults.
+class MPNetConfig(EncoderConfig):
+    """config.json of an MPNet checkpoint (all-mpnet-base-v2), with transformers' MPNetConfig fields and defaults.
 
-    MPNet has no token types (`type_vocab_size` is BertConfig's field, unused) and one field of its own,
-    `relative_attention_num_buckets`: the rows of the relative-position bias table. Its positions count from 2 with
-    the padding index fixed at 1, whatever `pad_token_id` says, as transformers' MPNetEmbeddings has it."""
+    BERT's shape and dropouts without token types, and one field of its own, `relative_attention_num_buckets`: the
+    rows of the relative-position bias table. Its positions count from 2 with the padding index fixed at 1, whatever
+    `pad_token_id` says, as transformers' MPNetEmbeddings has it."""
 
     vocab_size: int = 30527
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    relative_attention_num_buckets: int = 32
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
     eos_token_id: int | list[int] | None = 2
-    relative_attention_num_buckets: int = 32
     model_type: str = "mpnet"
 
     positions: ClassVar[PositionScheme] = PositionsAfterPadding()
     key_layout: ClassVar[KeyLayout] = MPNET_KEYS
+    positive_integers: ClassVar[tuple[str, ...]] = BertConfig.positive_integers[:-1]  # no type_vocab_size
+    probabilities: ClassVar[tuple[str, ...]] = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    positive_numbers: ClassVar[tuple[str, ...]] = BertConfig.positive_numbers
+    activations: ClassVar[tuple[str, ...]] = BertConfig.activations
+    inspect_fields: ClassVar[tuple[str, ...]] = ("relative_attention_num_buckets",)
 
     @property
     def position_padding_idx(self) -> int:
@@ -77,15 +90,6 @@ class MPNetConfig(BertConfig):
                 "relative_attention_num_buckets",
                 f"must be an integer >= 32 (the relative positions use 32 buckets), got {buckets!r}",
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        # BERT fields MPNet has not, left out unless config.json set them to something else (then kept, unused).
-        defaults = BertConfig.__dataclass_fields__
-        return {
-            key: value
-            for key, value in super().to_dict().items()
-            if key not in _NOT_MPNET or key in self.extra_fields or value != defaults[key].default
-        }
 
 
 class MPNetEmbeddings(nn.Module):

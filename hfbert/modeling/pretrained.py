@@ -19,7 +19,7 @@ from converters.key_map import BERT_KEYS, KeyLayout
 from converters.loading import check_requested_dtype
 from hfbert.modeling.attention import DEFAULT_ATTENTION, check_attention_implementation
 from hfbert.modeling.checkpointing import Checkpointing
-from hfbert.modeling.config import BertConfig
+from hfbert.modeling.config import BertConfig, EncoderConfig
 from hfbert.platform.cpu import warn_if_emulated_bfloat16
 
 
@@ -30,14 +30,14 @@ class BertPreTrainedModel(nn.Module):
     heads: ClassVar[tuple[str, ...]] = ()
     # How the checkpoints of this model's family name their tensors: its config class's (`BertConfig.key_layout`).
     key_layout: ClassVar[KeyLayout] = BERT_KEYS
-    config: BertConfig
+    config: EncoderConfig
     name_or_path: str = ""
     # Ties of `tied_weights()` the loaded checkpoint breaks (it stores both tensors, with different values): left
     # apart, as transformers leaves them, and saved apart.
     _untied_weights: frozenset[str] = frozenset()
     # transformers' `PreTrainedModel` class attributes that Trainer, PEFT, accelerate and transformers' own model
     # tests read, with the values transformers' BERT classes have.
-    config_class: ClassVar[type[BertConfig]] = BertConfig
+    config_class: ClassVar[type[EncoderConfig]] = BertConfig
     base_model_prefix: ClassVar[str] = "bert"
     main_input_name: ClassVar[str] = "input_ids"
     supports_gradient_checkpointing: ClassVar[bool] = True
@@ -57,7 +57,7 @@ class BertPreTrainedModel(nn.Module):
         if "key_layout" not in cls.__dict__:  # a member's model reads its checkpoints as its config class says
             cls.key_layout = cls.config_class.key_layout
 
-    def __init__(self, config: BertConfig | None = None, *inputs: Any, **kwargs: Any) -> None:
+    def __init__(self, config: EncoderConfig | None = None, *inputs: Any, **kwargs: Any) -> None:
         """`config` is kept as `self.config`, as transformers' `PreTrainedModel.__init__(config)` does, so a task
         model of your own is written the transformers way:
 
@@ -70,7 +70,7 @@ class BertPreTrainedModel(nn.Module):
         """
         super().__init__()
         if config is not None:
-            self.config = config if isinstance(config, BertConfig) else BertConfig.from_object(config)
+            self.config = config if isinstance(config, EncoderConfig) else EncoderConfig.from_object(config)
 
     def post_init(self) -> None:
         """transformers' last constructor step: initialise the parameters of every module not initialised yet
@@ -104,7 +104,7 @@ class BertPreTrainedModel(nn.Module):
         return False
 
     @classmethod
-    def _from_config(cls, config: BertConfig, **kwargs: Any) -> BertPreTrainedModel:
+    def _from_config(cls, config: EncoderConfig, **kwargs: Any) -> BertPreTrainedModel:
         """transformers' constructor hook: a randomly initialised model for `config`; `dtype` casts it."""
         dtype, torch_dtype = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
         dtype = as_dtype(dtype or torch_dtype)
@@ -324,9 +324,9 @@ class BertPreTrainedModel(nn.Module):
         `CheckpointNotFoundError`, a `CheckpointError` that is also an `OSError`. `subfolder` is the checkpoint's
         folder inside the directory or repo, as in transformers.
 
-        `config` (a `BertConfig`, or transformers' own) is used instead of config.json, as in transformers
-        (`run_glue.py` re-heads a model this way). Keyword arguments that name config fields override the config
-        (`num_labels=3`); `model_args` and other keywords go to the constructor (`add_pooling_layer=False`).
+        `config` (a member's config such as `BertConfig`, or transformers' own) is used instead of config.json, as in
+        transformers (`run_glue.py` re-heads a model this way). Keyword arguments that name config fields override
+        the config (`num_labels=3`); `model_args` and other keywords go to the constructor (`add_pooling_layer=False`).
         `torch_dtype` is transformers' older name for `dtype`. A config.json whose `auto_map` sends the model to
         custom code is refused (hfbert runs no checkpoint code); `ignore_auto_map=True` loads it as plain BERT when
         you know its weights are.

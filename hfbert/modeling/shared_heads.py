@@ -35,11 +35,10 @@ class LMHead(nn.Module):
 class ClassificationHead(nn.Module):
     """`classifier`: the first token's hidden state -> dropout -> dense -> tanh -> dropout -> out_proj."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, dropout: nn.Dropout) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        probability = config.classifier_dropout
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if probability is None else probability)
+        self.dropout = dropout  # the family's rule (`classifier_dropout()`; MPNet's: hidden_dropout_prob)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
@@ -68,8 +67,7 @@ class ClassificationHeadForSequenceClassification(BertForSequenceClassification)
 
     def build_heads(self, config: BertConfig) -> None:
         self.num_labels = config.num_labels
-        self.classifier = ClassificationHead(config)
-        self.classifier.dropout = self.classifier_dropout()  # the family's rule (MPNet's: hidden_dropout_prob)
+        self.classifier = ClassificationHead(config, self.classifier_dropout())
 
     def classify(self, encoded: Any) -> Tensor:
         return self.classifier(encoded.last_hidden_state)

@@ -49,7 +49,7 @@ from converters.loading import (
     without_model_auto_map,
 )
 from converters.writing import atomic_directory, copy_model_files, parse_size, write_safetensors
-from hfbert.modeling.config import BertConfig, ConfigError
+from hfbert.modeling.config import ConfigError, EncoderConfig
 from hfbert.modeling.family import member
 from hfbert.tools.bge_m3 import present_heads
 
@@ -61,7 +61,7 @@ def canonical_tensors(
     `auto_map` sends the model to custom code is refused, as `from_pretrained` refuses it; with `ignore_auto_map`
     it converts as plain BERT and the written config keeps only a tokenizer's `auto_map` entries (the model's code
     is not copied: the result is a plain BERT checkpoint)."""
-    config = BertConfig.from_json_file(directory / CONFIG_FILE)
+    config = EncoderConfig.from_json_file(directory / CONFIG_FILE)
     if not ignore_auto_map:
         check_auto_map(config.to_dict().get("auto_map"), str(directory / CONFIG_FILE))
     checkpoint = read_checkpoint(directory)
@@ -102,7 +102,7 @@ def canonical_tensors(
     return tensors, config_values
 
 
-def head_shapes(config: BertConfig) -> dict[str, set[tuple[int, ...]]]:
+def head_shapes(config: EncoderConfig) -> dict[str, set[tuple[int, ...]]]:
     """Every task-head tensor name transformers' models of `config`'s family store, with the shapes `config` allows
     for it (a `classifier` is (num_labels, hidden) in sequence / token classification, (1, hidden) in multiple
     choice; RoBERTa's sequence classifier is `classifier.dense` + `classifier.out_proj`)."""
@@ -175,7 +175,7 @@ def convert(
     check_requested_dtype(dtype)
     directory = resolve_checkpoint(source, include_tokenizer=True, include_sentence_transformers=True)
     tensors, config_values = canonical_tensors(directory, dtype, ignore_auto_map=ignore_auto_map)
-    hidden_size = BertConfig.from_json_file(directory / CONFIG_FILE).hidden_size
+    hidden_size = EncoderConfig.from_json_file(directory / CONFIG_FILE).hidden_size
     m3_heads = {  # bge-m3's layers beside the encoder, read and checked before anything is written
         stem: {
             name: cast(f"{stem}.{name}", t, dtype, directory) if dtype is not None else t for name, t in layer.items()

@@ -11,7 +11,7 @@ Which files decide what, as sentence-transformers (6.x) reads them:
 - otherwise (no modules.json, or one written for another class): the class's default modules on the checkpoint,
   none of those files read;
 - the input length is `max_seq_length` when given, else the tokenizer's `model_max_length`, capped at the model's
-  longest input (`BertConfig.max_sequence_length`: 512 for RoBERTa's 514 positions; sentence-transformers caps at
+  longest input (`EncoderConfig.max_sequence_length`: 512 for RoBERTa's 514 positions; sentence-transformers caps at
   `max_position_embeddings` itself, where an input of 513 or 514 tokens would index past the position table).
 """
 
@@ -115,9 +115,9 @@ def load_head_model(
     scores of noise)."""
     from hfbert.inference import optimize_for_inference
     from hfbert.modeling.auto import absent_heads, model_class
-    from hfbert.modeling.config import BertConfig
+    from hfbert.modeling.config import EncoderConfig
 
-    config = BertConfig.from_json_file(directory / "config.json")
+    config = EncoderConfig.from_json_file(directory / "config.json")
     cls = model_class(config, task)
     options = dict(device=device, dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype)
     options.update(output_loading_info=True, ignore_auto_map=ignore_auto_map)

@@ -9,7 +9,6 @@ layers folded when they are identical; parameter counts.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from itertools import groupby
 from pathlib import Path
@@ -23,7 +22,7 @@ from converters.key_map import map_key
 from converters.loading import check_auto_map, check_family
 
 if TYPE_CHECKING:
-    from hfbert.modeling.config import BertConfig
+    from hfbert.modeling.config import EncoderConfig
 
 _LAYER = re.compile(r"^(.*?layer\.)(\d+)(\..*)$")
 # A model_max_length above this is transformers' "no limit" (hfbert.modeling.tokenizer.model_max_length).
@@ -43,10 +42,10 @@ def summary(directory: Path) -> dict[str, Any]:
     """What `describe` prints, as data (`hfbert inspect --json`): config, custom code (`auto_map` and why hfbert
     refuses to load it; null when none), files, tensors, parameter counts. CheckpointError, the loaders' own, when
     the tensors are named for another family than config.json says (`bert.` tensors beside model_type "roberta")."""
-    from hfbert.modeling.config import BertConfig
+    from hfbert.modeling.config import EncoderConfig
     from hfbert.modeling.family import member
 
-    config = BertConfig.from_json_file(directory / CONFIG_FILE)
+    config = EncoderConfig.from_json_file(directory / CONFIG_FILE)
     family = member(config.model_type)
     auto_map = config.to_dict().get("auto_map")
     try:
@@ -100,22 +99,14 @@ def summary(directory: Path) -> dict[str, Any]:
     }
 
 
-def config_facts(config: BertConfig) -> dict[str, Any]:
-    """The config fields `describe` shows, then those `config`'s family adds to BERT's (MPNet's
-    `relative_attention_num_buckets`); `type_vocab_size` is None for a member without token types (MPNet takes no
-    token_type_ids, whatever config.json says)."""
-    from hfbert.modeling.config import BertConfig
+def config_facts(config: EncoderConfig) -> dict[str, Any]:
+    """The config fields `describe` shows: the member's own statement of them (`EncoderConfig.inspect_facts`), with
+    `type_vocab_size` None for a member without token types (MPNet takes no token_type_ids, whatever config.json
+    says)."""
     from hfbert.modeling.family import member
 
-    facts = {key: getattr(config, key) for key in _CONFIG_FIELDS}
-    if not member(config.model_type).token_types:
-        facts["type_vocab_size"] = None
-    facts["hidden_act"] = config.feed_forward_activation  # ModernBERT's `hidden_activation`
-    bert = BertConfig.__dataclass_fields__
-    facts |= {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in bert}
-    pattern = config.attention_pattern()  # ModernBERT's global and local layers
-    if pattern is not None:
-        facts["attention"] = pattern
+    facts = config.inspect_facts()
+    facts["type_vocab_size"] = config.type_vocab_size if member(config.model_type).token_types else None
     return facts
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS, DEFAULT_ATTENTION
-from hfbert.modeling.config import BertConfig
+from hfbert.modeling.config import EncoderConfig
 from hfbert.modeling.family import MEMBERS, member
 from hfbert.modeling.model import BertModel
 
@@ -89,7 +89,7 @@ def _hfbert_from_transformers(encoder: torch.nn.Module, attn_implementation: str
         # A class that cannot run sdpa (transformers' MPNet) runs eager for want of it, not by the user's choice.
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS or not getattr(encoder, "_supports_sdpa", False):
             attn_implementation = DEFAULT_ATTENTION
-    config = BertConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
+    config = EncoderConfig.from_object(encoder.config, source=f"{type(encoder).__name__}.config")
     with torch.device("meta"):  # no memory, no random init: the parameters are assigned below
         backbone = member(config.model_type).classes["model"](
             config,

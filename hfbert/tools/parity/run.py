@@ -269,7 +269,7 @@ class _CheckpointFacts:
     """What the run knows of the checkpoint (and its reference) before the models load: its config.json, read once
     (hfbert's model is built from it), and its family member's facts."""
 
-    config: Any  # hfbert's BertConfig (the member's config class) of the checkpoint's config.json
+    config: Any  # hfbert's EncoderConfig (the member's config class) of the checkpoint's config.json
     has_pooler: bool
     has_mlm_head: bool
     hidden_size: int
@@ -288,14 +288,14 @@ class _CheckpointFacts:
         from converters.hub import CONFIG_FILE
         from converters.key_map import head_of, normalize_name
         from converters.loading import check_auto_map, check_family
-        from hfbert.modeling.config import BertConfig
+        from hfbert.modeling.config import EncoderConfig
         from hfbert.modeling.family import member
 
         reference_files = []
         if paths.reference is not None:  # checked as hfbert checks a config (naming the file), before transformers
             reference_files = describe_files(read_checkpoint(paths.reference).files)
-            BertConfig.from_json_file(paths.reference / CONFIG_FILE)
-        config = BertConfig.from_pretrained(paths.directory)
+            EncoderConfig.from_json_file(paths.reference / CONFIG_FILE)
+        config = EncoderConfig.from_pretrained(paths.directory)
         if not ignore_auto_map:
             check_auto_map(config.to_dict().get("auto_map"), str(paths.directory / CONFIG_FILE))
         family = member(config.model_type)
