@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-WITHOUT_POOLER = ("modernbert",)  # encoders whose transformers class has no pooler (and no add_pooling_layer)
+# Encoders whose transformers class has no pooler (and no add_pooling_layer).
+WITHOUT_POOLER = ("modernbert", "electra", "distilbert", "deberta-v2")
 
 
 class Exporter(torch.nn.Module):

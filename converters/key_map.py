@@ -89,6 +89,54 @@ MODERNBERT_KEYS = KeyLayout(
     },
     tied_decoder={DECODER + "weight": "embeddings.tok_embeddings.weight"},
 )
+# DistilBERT's task models keep the encoder at `distilbert.` and their heads at the top level: the masked LM's
+# `vocab_transform`, `vocab_layer_norm` and `vocab_projector` (tied to the word embeddings, a bias of its own), the
+# classifiers' `pre_classifier` and `classifier`, question answering's `qa_outputs`.
+DISTILBERT_KEYS = KeyLayout(
+    prefix="distilbert.",
+    heads={
+        "vocab_transform.": "masked-LM head",
+        "vocab_layer_norm.": "masked-LM head",
+        "vocab_projector.": "masked-LM decoder",
+        "pre_classifier.": "classification head",
+        CLASSIFIER_HEAD: "classification head",
+        QA_HEAD: "question-answering head",
+    },
+    tied_decoder={"vocab_projector.weight": "embeddings.word_embeddings.weight"},
+)
+# ELECTRA's task models keep the encoder at `electra.`: the discriminator's head `discriminator_predictions`, the
+# generator's `generator_predictions` then `generator_lm_head` (its weight tied to the word embeddings, its bias its
+# own), multiple choice's `sequence_summary` before `classifier`.
+DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions.", "generator_predictions."
+GENERATOR_DECODER, SEQUENCE_SUMMARY = "generator_lm_head.", "sequence_summary."
+ELECTRA_KEYS = KeyLayout(
+    prefix="electra.",
+    heads={
+        DISCRIMINATOR_HEAD: "replaced-token discriminator head",
+        GENERATOR_HEAD: "generator (masked-LM) head",
+        GENERATOR_DECODER: "generator (masked-LM) decoder",
+        SEQUENCE_SUMMARY: "multiple-choice summary",
+        CLASSIFIER_HEAD: "classification head",
+        QA_HEAD: "question-answering head",
+    },
+    tied_decoder={GENERATOR_DECODER + "weight": "embeddings.word_embeddings.weight"},
+)
+# DeBERTa-v2's task models keep the encoder at `deberta.`: the masked LM's `cls.predictions` (transformers' legacy head,
+# BERT's ties) or `lm_predictions` (the enhanced head over the word embeddings), the classifiers' `pooler` before
+# `classifier`, `qa_outputs`. Published checkpoints also store `mask_predictions` (v3's replaced-token detection head,
+# which no transformers class has).
+DEBERTA_V2_KEYS = KeyLayout(
+    prefix="deberta.",
+    heads={
+        MLM_HEAD: "masked-LM head (legacy)",
+        "lm_predictions.": "masked-LM head",
+        "mask_predictions.": "replaced-token-detection head (pre-training only)",
+        "pooler.": "context pooler of the classification head",
+        CLASSIFIER_HEAD: "classification head",
+        QA_HEAD: "question-answering head",
+    },
+    tied_decoder=BERT_KEYS.tied_decoder,
+)
 # BERT's names under their older constant names.
 BACKBONE_PREFIX, HEADS, TIED_DECODER = BERT_KEYS.prefix, BERT_KEYS.heads, BERT_KEYS.tied_decoder
 # Buffers that transformers 3.1 - 4.30 stored and hfbert computes: name -> (what the stored value must be,

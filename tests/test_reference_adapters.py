@@ -28,8 +28,8 @@ def test_every_member_states_its_adapter():
     assert set(ADAPTERS) == {row.model_type for row in MEMBERS}
     for row in MEMBERS:
         assert (type(adapter(row.model_type)) is ReferenceAdapter) == row.reference_float64_exact, row.model_type
-    with pytest.raises(ValueError, match="'deberta-v2' has no float64 reference adapter.*ADAPTERS"):
-        adapter("deberta-v2")
+    with pytest.raises(ValueError, match="'xlnet' has no float64 reference adapter.*ADAPTERS"):
+        adapter("xlnet")
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)

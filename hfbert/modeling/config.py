@@ -102,6 +102,9 @@ class EncoderConfig:
     attribute_map: ClassVar[dict[str, str]] = {}
     # The member's own fields that `hfbert inspect` shows beside the common facts (`inspect_facts`).
     inspect_fields: ClassVar[tuple[str, ...]] = ()
+    # The field that sets the word embeddings' width, which `inputs_embeds` must have (ELECTRA's `embedding_size`,
+    # projected to hidden_size after the embeddings).
+    inputs_embeds_field: ClassVar[str] = "hidden_size"
     # What reading this member's files needs below the family table (family.py): how it counts positions
     # (positions.py) and how its checkpoints name their tensors (converters.key_map). A member's class sets its own.
     positions: ClassVar[PositionScheme] = AbsolutePositions()

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from converters.key_map import KeyLayout
-from hfbert.modeling import heads, modernbert, mpnet, roberta
+from hfbert.modeling import deberta_v2, distilbert, electra, heads, modernbert, mpnet, roberta
 from hfbert.modeling.config import BertConfig, ConfigError
 from hfbert.modeling.model import BertModel
 from hfbert.modeling.positions import PositionScheme
@@ -123,7 +123,10 @@ MEMBERS: tuple[Member, ...] = (
             "multiple-choice": heads.BertForMultipleChoice,
         },
         tokenizer="BertTokenizer",
-        tokenizer_names=WORDPIECE_TOKENIZERS,
+        # The WordPiece tokenizers of no other row (ELECTRA's and DistilBERT's rows own their names).
+        tokenizer_names=tuple(
+            name for name in WORDPIECE_TOKENIZERS if name not in ("ElectraTokenizer", "DistilBertTokenizer")
+        ),
         token_types=True,
         reference="Bert",
         reference_attention="attention.self",
@@ -225,6 +228,67 @@ MEMBERS: tuple[Member, ...] = (
         masked_lm_modules=("head", "decoder"),
         decoder="decoder",
         tokenizer_over_class=True,
+        reference_float64_exact=False,
+    ),
+    Member(
+        model_type="electra",
+        config_class=electra.ElectraConfig,
+        classes={
+            "model": electra.ElectraModel,
+            "pretraining": electra.ElectraForPreTraining,
+            "masked-lm": electra.ElectraForMaskedLM,
+            "sequence-classification": electra.ElectraForSequenceClassification,
+            "token-classification": electra.ElectraForTokenClassification,
+            "question-answering": electra.ElectraForQuestionAnswering,
+            "multiple-choice": electra.ElectraForMultipleChoice,
+        },
+        tokenizer="BertTokenizer",  # BERT's WordPiece pipeline from vocab.txt
+        tokenizer_names=("ElectraTokenizer",),
+        token_types=True,
+        reference="Electra",
+        reference_attention="attention.self",
+        masked_lm_modules=("generator_predictions", "generator_lm_head"),
+        decoder="generator_lm_head",
+    ),
+    Member(
+        model_type="distilbert",
+        config_class=distilbert.DistilBertConfig,
+        classes={
+            "model": distilbert.DistilBertModel,
+            "masked-lm": distilbert.DistilBertForMaskedLM,
+            "sequence-classification": distilbert.DistilBertForSequenceClassification,
+            "token-classification": distilbert.DistilBertForTokenClassification,
+            "question-answering": distilbert.DistilBertForQuestionAnswering,
+            "multiple-choice": distilbert.DistilBertForMultipleChoice,
+        },
+        tokenizer="DistilBertTokenizer",  # BERT's WordPiece, without token types
+        tokenizer_names=("DistilBertTokenizer",),
+        token_types=False,
+        reference="DistilBert",
+        reference_attention="attention",
+        masked_lm_modules=("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
+        decoder="vocab_projector",
+    ),
+    Member(
+        model_type="deberta-v2",
+        config_class=deberta_v2.DebertaV2Config,
+        classes={
+            "model": deberta_v2.DebertaV2Model,
+            "masked-lm": deberta_v2.DebertaV2ForMaskedLM,
+            "sequence-classification": deberta_v2.DebertaV2ForSequenceClassification,
+            "token-classification": deberta_v2.DebertaV2ForTokenClassification,
+            "question-answering": deberta_v2.DebertaV2ForQuestionAnswering,
+            "multiple-choice": deberta_v2.DebertaV2ForMultipleChoice,
+        },
+        tokenizer="DebertaV2Tokenizer",
+        tokenizer_names=("DebertaV2Tokenizer",),
+        token_types=False,  # type_vocab_size 0 in every published checkpoint: its tokenizer's segment ids are ignored
+        reference="DebertaV2",
+        reference_attention="attention.self",
+        masked_lm_modules=("cls.predictions",),  # transformers' default (`legacy`) head
+        decoder="cls.predictions.decoder",
+        # Exact in float64, but its encoder reads `rel_embeddings.weight` directly, which parity's float64 twin does
+        # not cast (it casts what embeddings look up): parity's adapter casts it.
         reference_float64_exact=False,
     ),
 )

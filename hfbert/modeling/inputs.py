@@ -40,10 +40,11 @@ def check_inputs(
         shape = tuple(input_ids.shape)
     else:
         _check_tensor("inputs_embeds", inputs_embeds, dimensions=3, integer=False)
-        if inputs_embeds.shape[-1] != config.hidden_size:
+        field = config.inputs_embeds_field
+        if inputs_embeds.shape[-1] != getattr(config, field):
             raise ValueError(
-                f"inputs_embeds has size {inputs_embeds.shape[-1]} in its last dimension; the model's hidden_size "
-                f"is {config.hidden_size}"
+                f"inputs_embeds has size {inputs_embeds.shape[-1]} in its last dimension; the model's {field} "
+                f"is {getattr(config, field)}"
             )
         # The embeddings' sum promotes to the wider dtype: fp16 embeddings into an fp32 model work, fp64 ones (or
         # fp32 into a bf16 model) would reach LayerNorm in a dtype its weights are not ("mixed dtype").

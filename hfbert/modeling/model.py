@@ -25,14 +25,16 @@ from hfbert.modeling.padding import PackedBatch, PaddedBatch
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, width: int | None = None) -> None:
+        """`width`: the embeddings' size where it is not hidden_size (ELECTRA's factorized `embedding_size`)."""
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        width = width or config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         # RoBERTa's pad position has its own row, initialised to zero and never trained, as its pad token's.
         position_padding = config.positions.padding_index(config)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, position_padding)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width, position_padding)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(

@@ -39,7 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from converters.atomic_write import atomic_file
 from converters.json_files import read_json_object
@@ -68,6 +68,7 @@ __all__ = [
     "AutoTokenizer",
     "BatchEncoding",
     "BertTokenizer",
+    "DebertaV2Tokenizer",
     "MPNetTokenizer",
     "ModernBertTokenizer",
     "RobertaTokenizer",
@@ -779,6 +780,87 @@ class XLMRobertaTokenizer(RobertaTokenizer):
             pair=[bos, "$A", eos, eos, "$B", eos],
             special_tokens=[(bos, tokenizer.token_to_id(bos)), (eos, tokenizer.token_to_id(eos))],
         )
+
+
+# DeBERTa-v2's normalizer: runs of spaces after SentencePiece's own; without it, any whitespace run or control space.
+_SPACES, _BLANKS = Regex(r" {2,}"), Regex(r"\s{2,}|[\n\r\t]")
+
+
+class DebertaV2Tokenizer(XLMRobertaTokenizer):
+    """DeBERTa-v2 / v3's SentencePiece Unigram tokenizer, as transformers' DebertaV2Tokenizer(Fast): `[CLS] A [SEP]
+    B [SEP]` with token types 0 for the first text and its [SEP], 1 for the second; `do_lower_case`,
+    `split_by_punct` and `add_prefix_space` (default true) from tokenizer_config.json.
+
+    From `tokenizer.json` only (its Unigram model and added tokens): the slow `spm.model` needs the sentencepiece and
+    protobuf libraries to convert, so a folder with only that file is refused with how to convert it. The rest is
+    rebuilt as transformers 5 rebuilds it: with SentencePiece's precompiled normalizer (when tokenizer.json has one),
+    it, a right strip and runs of spaces made one, else whitespace runs and control spaces made one space, NFC and
+    a right strip (lowercased first with `do_lower_case`); punctuation isolated with `split_by_punct`; Metaspace
+    ("▁", on the first word only without `add_prefix_space`)."""
+
+    model_input_names = ("input_ids", "attention_mask", "token_type_ids")
+    special_token_defaults = {
+        "bos_token": "[CLS]",
+        "eos_token": "[SEP]",
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    pipeline_options = {"add_prefix_space": True, "do_lower_case": False, "split_by_punct": False}
+
+    @classmethod
+    def _source(cls, directory: Path) -> Tokenizer:
+        if (directory / "tokenizer.json").is_file():
+            source = _read_tokenizer_json(directory / "tokenizer.json")
+            _check_model(source, models.Unigram, directory / "tokenizer.json", cls.__name__)
+            return source
+        convert = (
+            "make tokenizer.json once, with transformers, sentencepiece and protobuf installed: "
+            "transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)"
+        )
+        if (directory / "spm.model").is_file():
+            raise ValueError(
+                f"{directory / 'spm.model'}: DeBERTa's slow SentencePiece file, which hfbert does not read, and no "
+                f"tokenizer.json beside it; {convert}"
+            )
+        raise FileNotFoundError(f"{directory}: no tokenizer.json (DeBERTa-v2's tokenizer needs it; {convert})")
+
+    @classmethod
+    def _pipeline(cls, tokenizer: Tokenizer, source: Tokenizer, options: dict[str, Any]) -> None:
+        precompiled = [
+            part for part in _normalizer_parts(source.normalizer) if isinstance(part, normalizers.Precompiled)
+        ]
+        steps: list[normalizers.Normalizer] = [normalizers.Lowercase()] if options["do_lower_case"] else []
+        if precompiled:
+            steps += [precompiled[0], normalizers.Strip(left=False, right=True), normalizers.Replace(_SPACES, " ")]
+        else:
+            steps += [normalizers.Replace(_BLANKS, " "), normalizers.NFC(), normalizers.Strip(left=False, right=True)]
+        tokenizer.normalizer = normalizers.Sequence(steps)
+        scheme = "always" if options["add_prefix_space"] else "first"
+        splits = [pre_tokenizers.Punctuation(behavior="isolated")] if options["split_by_punct"] else []
+        metaspace = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, metaspace])
+        tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+
+    @classmethod
+    def _post_process(cls, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
+        cls_token, sep = (
+            token_text(config.get(key), cls.special_token_defaults[key]) for key in ("cls_token", "sep_token")
+        )
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls_token}:0 $A:0 {sep}:0",
+            pair=f"{cls_token}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls_token, tokenizer.token_to_id(cls_token) or 0), (sep, tokenizer.token_to_id(sep) or 0)],
+        )
+
+
+class DistilBertTokenizer(BertTokenizer):
+    """DistilBERT's tokenizer, as transformers' DistilBertTokenizer(Fast): BERT's WordPiece pipeline, whose calls
+    return no token types (DistilBERT has none)."""
+
+    model_input_names = ("input_ids", "attention_mask")
 
 
 class MPNetTokenizer(BertTokenizer):

@@ -48,6 +48,21 @@ DIFFERENCES: dict[str, dict] = {
         "sep_token_id": 2,
         "local_attention": 4,
     },
+    # A factorized embedding narrower than the layers (electra-small's 128 -> 256), so `embeddings_project` exists.
+    "electra": {"embedding_size": 16, "type_vocab_size": 2},
+    # transformers' DistilBertConfig reads hidden_size, num_attention_heads and num_hidden_layers as dim, n_heads and
+    # n_layers, but not intermediate_size: the feed-forward width under its own name.
+    "distilbert": {"hidden_dim": 37},
+    # deberta-v3-base's attention: relative c2p and p2c terms, shared keys, normalised relative embeddings, no
+    # absolute positions; 8 log buckets (exact distances to 4), so that the test batches' 9 tokens reach the log ones.
+    "deberta-v2": {
+        "relative_attention": True,
+        "position_buckets": 8,
+        "pos_att_type": ["p2c", "c2p"],
+        "share_att_key": True,
+        "norm_rel_ebd": "layer_norm",
+        "position_biased_input": False,
+    },
 }
 MODEL_TYPES = [row.model_type for row in MEMBERS]
 # Every (model_type, task) of the family, in the table's order.
@@ -117,6 +132,24 @@ def _modernbert(directory: Path, request) -> None:
     modernbert_tokenizer(directory)  # ModernBERT's shape: byte-level BPE, [CLS] / [SEP], no token types
 
 
+def _electra(directory: Path, request) -> None:
+    with_minilm_tokenizer(directory)  # uncased WordPiece, as google/electra-*'s vocab.txt, under ELECTRA's class name
+    path = directory / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": "ElectraTokenizer"}), "utf-8")
+
+
+def _distilbert(directory: Path, request) -> None:
+    with_minilm_tokenizer(directory)  # uncased WordPiece, as distilbert-base-uncased's vocab.txt, under its class name
+    path = directory / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": "DistilBertTokenizer"}), "utf-8")
+
+
+def _deberta_v2(directory: Path, request) -> None:
+    from support.deberta import deberta_tokenizer
+
+    deberta_tokenizer(directory)  # DeBERTa-v2's SentencePiece Unigram in transformers' class, [CLS] / [SEP]
+
+
 TOKENIZERS: dict[str, Callable[[Path, object], None]] = {
     "bert": _minilm,
     "roberta": _trained("roberta"),
@@ -124,6 +157,9 @@ TOKENIZERS: dict[str, Callable[[Path, object], None]] = {
     "camembert": _trained("camembert"),
     "mpnet": _all_mpnet,
     "modernbert": _modernbert,
+    "electra": _electra,
+    "distilbert": _distilbert,
+    "deberta-v2": _deberta_v2,
 }
 
 

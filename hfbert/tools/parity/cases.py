@@ -104,9 +104,10 @@ def build_cases(
     tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, segments: int, first_position: int = 0
 ) -> list[Case]:
     """The battery described in the module docstring, as forward keyword arguments. `segments`: the model's token
-    types (with one, or none as MPNet's, pairs run only where the tokenizer gives no token types, as RoBERTa's and
-    MPNet's, whose pairs are told apart by separators alone; they need not hold rows whose token types differ; nor
-    do they with two where the tokenizer gives none, as XLM-R's: `Case.note` says so);
+    types (with one, pairs run only where the tokenizer gives no token types, as RoBERTa's, whose pairs are told
+    apart by separators alone; with none, as MPNet's or DeBERTa's, they run whatever the tokenizer gives, the model
+    ignoring any types; they need not hold rows whose token types differ; nor do they with two where the tokenizer
+    gives none, as XLM-R's: `Case.note` says so);
     `first_position`: the position of a row's first token (RoBERTa's pad_token_id + 1, MPNet's 2).
 
     The padded cases hold padding, and "pairs" two rows whose token types differ, whatever the batch size and the
@@ -173,6 +174,8 @@ def build_cases(
         # type 0 everywhere, as its pipeline feeds it: what it never computes is nothing to test, and not "untested".
         note = NO_TOKEN_TYPES if segments >= 2 else ""
         cases.append(Case("pairs", batches, note=note))
+    elif batches and segments == 0:  # DeBERTa's: the tokenizer gives token types the model has none of and ignores
+        cases.append(Case("pairs", batches))
     right = [encode(chunk, padding=True) for chunk in chunks(texts)]
     cases.append(completed("right padding", right, PADDING, lambda: padded("right")))
     left = [

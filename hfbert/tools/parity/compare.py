@@ -34,8 +34,17 @@ def _self_attention(layer: torch.nn.Module, where: str) -> torch.nn.Module:
     return layer.get_submodule(where)
 
 
-def _ask_probabilities(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    return args, {**kwargs, "output_attentions": True}
+def _asker(attention: torch.nn.Module) -> Callable[..., tuple[tuple, dict[str, Any]]]:
+    """A forward pre-hook that sets `output_attentions` to True however the caller passes it: by keyword (MPNet's
+    layer) or by position (DeBERTa's `self.self(hidden_states, attention_mask, output_attentions, ...)`)."""
+    position = list(inspect.signature(attention.forward).parameters).index("output_attentions")
+
+    def ask(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        if len(args) > position:
+            return (*args[:position], True, *args[position + 1 :]), kwargs
+        return args, {**kwargs, "output_attentions": True}
+
+    return ask
 
 
 @contextmanager
@@ -46,13 +55,14 @@ def _each_layer_attention(
     its second output, the one transformers' own `output_attentions` records), so that they are compared during
     the forward instead of all layers held at once. `layers`: the layer list's path in the backbone, `where`: the
     self-attention's path in each layer (the member's `layers` and `reference_attention`). A self-attention that
-    returns them only when asked (`output_attentions`, MPNet's) is asked here, and its output passed on without
-    them, so that the encoder does not keep them either."""
+    returns them only when asked (`output_attentions`: MPNet's, DeBERTa's) is asked here, and its output passed on
+    with None in their place (the pair DeBERTa's caller unpacks; MPNet's reads past its first output only when it
+    asked), so that the encoder does not keep them either."""
 
     def hook(index: int, asked: bool) -> Callable[..., Any]:
         def received(_: Any, __: Any, output: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
             receive(index, output[1])
-            return output[:1] if asked else None
+            return (output[0], None, *output[2:]) if asked else None
 
         return received
 
@@ -61,7 +71,7 @@ def _each_layer_attention(
         attention = _self_attention(layer, where)
         asked = "output_attentions" in inspect.signature(attention.forward).parameters
         if asked:
-            handles.append(attention.register_forward_pre_hook(_ask_probabilities, with_kwargs=True))
+            handles.append(attention.register_forward_pre_hook(_asker(attention), with_kwargs=True))
         handles.append(attention.register_forward_hook(hook(index, asked)))
     try:
         yield

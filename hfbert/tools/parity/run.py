@@ -311,7 +311,8 @@ class _CheckpointFacts:
         del checkpoint
         return cls(
             config=config,
-            has_pooler=any(name.startswith("pooler.") for name in stored),
+            # the encoder's pooler, not a head of that name (DeBERTa's classifiers keep a ContextPooler in `pooler.`)
+            has_pooler=any(name.startswith("pooler.") and head_of(name, layout) is None for name in stored),
             # every module of the masked-LM head (a ModernBERT classifier save has its `head.` but no `decoder.`)
             has_mlm_head=all(any(head_of(name, layout) == head for name in stored) for head in family.masked_lm_heads),
             hidden_size=config.hidden_size,

@@ -156,6 +156,38 @@ class ModernBertAdapter(ReferenceAdapter):
         return gone
 
 
+class DebertaV2Adapter(ReferenceAdapter):
+    """DeBERTa-v2: transformers' eager kernel computes in float64 (its score scale is a float32 square root in every
+    dtype, which is DeBERTa's definition, and hfbert's), but its encoder reads the relative-position table as a
+    weight (`rel_embeddings.weight`), not by lookup: the float64 twin casts only what embeddings look up
+    (reference.py), so that table is cast where it is read."""
+
+    touch_points = ("backbone.encoder.rel_embeddings: the relative-position table, read as .weight (an nn.Embedding)",)
+
+    def make_exact(self, transformers: Any, model: Any) -> Any:
+        from torch.nn.utils import parametrize
+
+        model.set_attn_implementation("eager")
+        table = getattr(model.base_model.encoder, "rel_embeddings", None)  # none without relative_attention
+        if table is not None and not parametrize.is_parametrized(table, "weight"):
+            parametrize.register_parametrization(table, "weight", _Float64Cast(), unsafe=True)
+        return model
+
+    def missing(self, transformers: Any, backbone: Any) -> list[str]:
+        encoder = getattr(backbone, "encoder", None)
+        table = getattr(encoder, "rel_embeddings", None)
+        if getattr(backbone.config, "relative_attention", False) and not isinstance(table, torch.nn.Embedding):
+            return [f"{type(backbone).__name__}.encoder.rel_embeddings"]
+        return []
+
+
+class _Float64Cast(torch.nn.Module):
+    """A parametrization: the weight, cast to float64 each time it is read."""
+
+    def forward(self, tensor: Tensor) -> Tensor:
+        return tensor.to(torch.float64)
+
+
 def _import(name: str) -> Any:
     import importlib
 
@@ -188,6 +220,9 @@ ADAPTERS: dict[str, ReferenceAdapter] = {
     "camembert": ReferenceAdapter(),
     "mpnet": ReferenceAdapter(),
     "modernbert": ModernBertAdapter(),
+    "electra": ReferenceAdapter(),
+    "distilbert": ReferenceAdapter(),
+    "deberta-v2": DebertaV2Adapter(),
 }
 
 
@@ -322,4 +357,12 @@ def _changed(model: Any, local_attention: int | None = None, thetas: dict[str, f
             getattr(rotary, f"{kind}_inv_freq").copy_(frequencies)
 
 
-__all__ = ["ADAPTERS", "ModernBertAdapter", "ReferenceAdapter", "adapter", "exact_eager", "exact_rotary"]
+__all__ = [
+    "ADAPTERS",
+    "DebertaV2Adapter",
+    "ModernBertAdapter",
+    "ReferenceAdapter",
+    "adapter",
+    "exact_eager",
+    "exact_rotary",
+]
