@@ -3,9 +3,10 @@
     python -m benchmarks.forward_profile          # from the repository root; about 3 minutes on 2 cores
 
 bert-base's shape with random weights, torch's profiler over a few forwards of each hfbert mode (the plain model,
-`optimize_for_inference(model, precision="high")`, `quantize="int8"`, and int8 with `compile=True`; the bf16 mode
-and its compiled path where the CPU computes bf16 natively), at 1 x 16 tokens (batch-1 latency) and 8 x 128 (a dense
-batch). At 1 x 16 each forward and its products are also put as multiples of the weight-streaming floor (the bytes
+`optimize_for_inference(model, precision="high")`, `quantize="int8"`, and int8 with `compile=True`; the fast mode
+with `compile="aot"`; the bf16 mode, its compiled path and its aot path where the CPU computes bf16 natively), at
+1 x 16 tokens (batch-1 latency) and 8 x 128 (a dense batch). At 1 x 16 each forward and its products are also put
+as multiples of the weight-streaming floor (the bytes
 of the encoder's linear weights in the mode's dtype, over the read bandwidth measured here, as benchmarks/peers.py
 does): a forward at the floor does nothing but read its weights once. The products are the ops that run a linear
 layer (MKL's sgemm through `aten::addmm` / `aten::mm`, oneDNN's fp32 and bf16 `mkldnn::_linear_pointwise` and int8
@@ -47,7 +48,17 @@ PRODUCTS = ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "onednn::qli
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
 OPENVINO_PRODUCTS, OPENVINO_ATTENTION = "FullyConnected", "Subgraph"
 # Bytes per weight each mode's products read.
-WEIGHT_BYTES = {"plain": 4, "fast": 4, "int8": 1, "int8 compiled": 1, "fast compiled": 4, "bf16": 2, "bf16 compiled": 2}
+WEIGHT_BYTES = {
+    "plain": 4,
+    "fast": 4,
+    "int8": 1,
+    "int8 compiled": 1,
+    "fast compiled": 4,
+    "fast aot": 4,
+    "bf16": 2,
+    "bf16 compiled": 2,
+    "bf16 aot": 2,
+}
 MODES = {
     "plain": {},
     "fast": {"precision": "high"},
@@ -55,9 +66,13 @@ MODES = {
     "int8 compiled": {"quantize": "int8", "compile": True},  # each shape compiled at its first warm-up forward
     # The compiled fast mode run at every shape (not timed against eager first): what is left around its products.
     "fast compiled": {"precision": "high", "compile": True, "kernels": "always"},
+    # The forward compiled ahead of time (hfbert/inference/aot.py): one C++ call, whose ops torch's profiler does not
+    # see (its products column is empty); its package compiled at the first warm-up forward, or loaded from disk.
+    "fast aot": {"precision": "high", "compile": "aot"},
     "bf16": {"precision": "bf16"},
     # Each shape compiled at its first warm-up forward, and timed against the eager bf16 forward (the faster runs).
     "bf16 compiled": {"precision": "bf16", "compile": True},
+    "bf16 aot": {"precision": "bf16", "compile": "aot"},
 }
 SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
 
@@ -117,7 +132,11 @@ def line(
     peak: float,
     weights: int,
 ) -> str:
-    """One table row; times in seconds per forward, `floor` the weight-streaming time."""
+    """One table row; times in seconds per forward, `floor` the weight-streaming time. No products seen (an aot
+    forward, one C++ call): only the forward's time."""
+    if products == 0:
+        floors = f"{per_forward / floor:.1f}x, -" if batch == 1 else ""
+        return f"| {mode} | {batch} x {tokens} | {per_forward * 1e3:.1f} | inside the package | | | {floors} | |"
     rate = 2 * weights * batch * tokens / products / 1e9
     floors = f"{per_forward / floor:.1f}x, {products / floor:.1f}x" if batch == 1 else ""
     return (

@@ -78,6 +78,10 @@ Rows (goals are printed beside the numbers, never asserted):
        --quick): `--rows 10` or `--rows modernbert`; its float64 reference computes the rotary positions in float64
        (`exact_rotary`: transformers rounds them to float32 in float64 models too); run alone with --update-docs, it
        is published as docs/results/peers_modernbert.json, beside rows 1-9's result
+  11   batch 1 without Python in the loop (issue 69): 1x16, 1x64 and 4x32 at bert-base's shape, hfbert's
+       compile="aot" (and its other paths) against each tier's fastest peer, its compile and cached-start times:
+       benchmarks/batch1_aot.py (which runs it alone, on all-MiniLM-L6-v2 by default). Not in the default run:
+       `--rows 11` or `--rows batch1`
 Goals (issue 26), hfbert's fastest engine of the row's precision against the fastest other engine: fp32 >= 1.1x at
 batch 1, mixed and sorted, >= 1.0x dense; int8 >= 1.1x the faster of ONNX Runtime int8 and CTranslate2 int8 on
 every row; bf16 (issue 53) >= 1.0x OpenVINO's default precision dense, >= 1.5x mixed and sorted, >= 0.9x at
@@ -164,6 +168,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import math
 import os
 import pickle
@@ -212,6 +217,7 @@ BF16_ROWS = ("1-bf16", "2-bf16", "3-bf16", "4-bf16")
 EMBED_ROW, FAMILY_ROW, MPNET_ROW = "5", "6", "7"
 RERANK_ROW, SPARSE_ROW, MODERNBERT_ROW = "8", "9", "10"
 RETRIEVAL_ROWS = (RERANK_ROW, SPARSE_ROW)
+BATCH1_ROW = "11"
 PRECISIONS = {"fp32": FP32_ROWS, "int8": INT8_ROWS, "bf16": BF16_ROWS}  # measured in this order
 ROW_GROUPS = {
     **PRECISIONS,
@@ -220,8 +226,9 @@ ROW_GROUPS = {
     "mpnet": (MPNET_ROW,),
     "retrieval": RETRIEVAL_ROWS,
     "modernbert": (MODERNBERT_ROW,),
+    "batch1": (BATCH1_ROW,),
 }
-ROWS = (*ROW_GROUPS["all"], FAMILY_ROW, *RETRIEVAL_ROWS, MODERNBERT_ROW)
+ROWS = (*ROW_GROUPS["all"], FAMILY_ROW, *RETRIEVAL_ROWS, MODERNBERT_ROW, BATCH1_ROW)
 # Row 7: all-mpnet-base-v2's texts, as issue 42 sets them (with --quick too: fewer rounds only).
 MPNET_TEXTS = 96
 # Rows 8 and 9, as issue 52 sets them (with --quick too: fewer rounds only): one query against 100 documents, and
@@ -337,7 +344,7 @@ def hfbert_engine(
     quantize: str | None = None,
     precision: str = "highest",
     dtype: torch.dtype = torch.float32,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> Engine:
     model = hfbert.AutoModel.from_pretrained(checkpoint, attn_implementation="sdpa", dtype=dtype).eval()
     started = time.perf_counter()
@@ -346,7 +353,9 @@ def hfbert_engine(
     swapped = swapped_layers(model)
     if quantize and not any(form == quantize for form, _ in swapped):
         raise RuntimeError(f"optimize_for_inference(quantize={quantize!r}) changed no layer on this machine")
-    option = (f"quantize={quantize!r}" if quantize else f"precision={precision!r}") + (", compile=True" * compile)
+    option = (f"quantize={quantize!r}" if quantize else f"precision={precision!r}") + (
+        f", compile={compile!r}" if compile else ""
+    )
     weights = "" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} weights; "
     layers = "; ".join(swapped.values()) if swapped else "no layer swapped (the plain computation measured fastest)"
     notes = [f"{weights}optimize_for_inference({option}) took {seconds:.1f} s: {layers}", f"MKL: {mkl_branch()}"]
@@ -1576,6 +1585,8 @@ def machine_info(args: argparse.Namespace) -> dict:
 def print_report(result: dict) -> None:
     """The docs' text for this run (benchmarks/report.py renders the same from the JSON), on stdout."""
     print("\n" + report.peers_markdown(result, images=False))
+    if "batch1" in result:
+        print(result["batch1"].get("report") or result["batch1"])
     print(f"Peak memory (RSS) {result['peak_rss_mib']:.0f} MiB.")
 
 
@@ -1717,7 +1728,21 @@ def measure(args: argparse.Namespace) -> dict:
                     label = f"{key}. {name}, all-MiniLM-L6-v2"
                     result["skipped"][label] = f"not installed ({error.name or error}): pip install -e '.[bench]'"
                 gc.collect()
+    if BATCH1_ROW in args.rows:
+        result["batch1"] = batch1_row(args)
     return finish(result, meter)
+
+
+def batch1_row(args: argparse.Namespace) -> dict:
+    """Row 11: benchmarks/batch1_aot.py at bert-base's shape, in a process of its own (its result and report)."""
+    with tempfile.TemporaryDirectory(prefix="hfbert-batch1-") as temporary:
+        path = Path(temporary) / "batch1.json"
+        options = ["--model", "bert-base", "--rounds", args.latency_rounds, "--calls", args.latency_calls]
+        command = [sys.executable, "-m", "benchmarks.batch1_aot", *map(str, options), "--json", str(path)]
+        done = subprocess.run([*command, "--threads", str(args.threads)], capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"error": done.stderr.strip().splitlines()[-3:]}
+        return {**json.loads(path.read_text()), "report": done.stdout}
 
 
 def family_row(args: argparse.Namespace, work: Path, result: dict) -> dict:

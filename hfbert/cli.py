@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 from converters.atomic_write import exit_on_sigterm
 from converters.dtypes import DTYPES
 from converters.overwrite import refuse_overwriting_inputs
-from hfbert.inference.optimize import PRECISIONS, QUANTIZATIONS
+from hfbert.inference.optimize import COMPILE_CHOICES, PRECISIONS, QUANTIZATIONS
 from hfbert.modeling.attention import ATTENTION_IMPLEMENTATIONS
 from hfbert.tools.sentence_transformers_pipeline import POOLINGS
 
@@ -231,6 +231,7 @@ def embed_command(arguments: argparse.Namespace) -> None:
         prompt_name=arguments.prompt_name,
         ignore_auto_map=arguments.ignore_auto_map,
     )
+    _compiled(embedder.model, arguments)
     if arguments.output is not None and not (arguments.output == ("dense",) and output_kind(arguments.out) == ".npy"):
         _m3_embed(arguments, embedder, texts, total)
         return
@@ -247,6 +248,8 @@ def _ray_embed(arguments: argparse.Namespace) -> None:
     from hfbert.tools.bge_m3 import SPARSE_LINEAR, head_file
     from hfbert.tools.texts import check_input_file
 
+    if arguments.compile:  # the actors load the model themselves, with the library's load options only
+        raise ValueError(f"--compile {arguments.compile} runs in this process, not in --ray's actors: leave one out")
     remote = "://" in arguments.file
     if not remote:
         check_input_file(arguments.file, "--file", read=False)
@@ -341,6 +344,7 @@ def _sparse_embed(arguments: argparse.Namespace, directory: Path, device: str, t
         precision=arguments.precision,
         ignore_auto_map=arguments.ignore_auto_map,
     )
+    _compiled(encoder.model, arguments)
     written = sparse_file(
         encoder,
         texts,
@@ -385,6 +389,7 @@ def rerank_command(arguments: argparse.Namespace) -> None:
         precision=arguments.precision,
         ignore_auto_map=arguments.ignore_auto_map,
     )
+    _compiled(reranker.model, arguments)
     documents = read_texts(arguments.file) if arguments.file else arguments.documents
     written = rank_file(
         reranker,
@@ -584,6 +589,23 @@ def _speed_options(parser: argparse.ArgumentParser) -> None:
         "float16 / bfloat16 is refused with them (--dtype bfloat16 runs the whole model in bf16, --precision bf16 "
         "only its products)",
     )
+    parser.add_argument(
+        "--compile",
+        choices=list(COMPILE_CHOICES),
+        help="aot: the encoder's forward compiled ahead of time (torch.export + AOTInductor), kept on disk under "
+        "$HFBERT_CACHE/aot for later runs; the first run of a model compiles (tens of seconds; needs a C++ compiler)",
+    )
+
+
+def _compiled(model: Any, arguments: argparse.Namespace) -> None:
+    """--compile: the loaded model's inference mode applied again, with its forward compiled as asked
+    (`hfbert.optimize_for_inference(..., compile="aot")`)."""
+    if getattr(arguments, "compile", None):
+        from hfbert.inference import optimize_for_inference
+
+        optimize_for_inference(
+            model, quantize=arguments.quantize, precision=arguments.precision, compile=arguments.compile
+        )
 
 
 def _check_speed_options(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> None:

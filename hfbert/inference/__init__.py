@@ -11,7 +11,9 @@
 - `bf16.py`: the bf16 mode's product (bf16 weights and inputs, fp32 sums and the rest in fp32) and `BF16Linear`;
 - `fused.py`: blocks computed as one product, the fast fp32 mode (int8 attention is its attention block, given the
   int8 kernel as a value);
-- `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes.
+- `compiled.py`: the int8 model's forward under torch.compile (compile=True), on a few padded shapes;
+- `aot.py`: the forward exported and compiled ahead of time by AOTInductor (compile="aot"), one package per input
+  variant with dynamic shapes, kept on disk keyed by the weights, torch and the CPU.
 
 What they ask of the machine (the instruction set, oneDNN's ops, the allocator) is in `hfbert.platform`.
 

@@ -263,8 +263,21 @@ class CompiledForward:
         model = self.model
         modules = list(model.modules()) if modules is None else modules
         parameters = _parameters(modules) if parameters is None else parameters
+        if not self.covers(given, modules, parameters):
+            return None
         input_ids, attention_mask = given.get("input_ids"), given.get("attention_mask")
-        if (
+        batch, sequence = input_ids.shape
+        limit = model.config.max_position_embeddings
+        shape = (_bucket(batch, BATCH_BUCKETS), _bucket(sequence, tuple(s for s in SEQUENCE_BUCKETS if s <= limit)))
+        real = batch * sequence if attention_mask is None else int(attention_mask.count_nonzero())
+        return shape if real >= MIN_FILL * shape[0] * shape[1] else None
+
+    def covers(self, given: dict[str, Any], modules: list[nn.Module], parameters: list[Tensor]) -> bool:
+        """Whether a compiled graph may run this call (the gate every compiled path shares, `aot.py`'s too): a
+        plain no-grad inference call on CPU token ids, no hook inside; else the eager model runs it."""
+        model = self.model
+        input_ids, attention_mask = given.get("input_ids"), given.get("attention_mask")
+        return not (
             model.training
             or _or(given.get("output_attentions"), model.config.output_attentions)
             or given.get("inputs_embeds") is not None
@@ -277,13 +290,7 @@ class CompiledForward:
             or not kernel_call(input_ids, parameters)
             # A hook inside (added before or after compiling) must run, and see its module's own call.
             or hooked(module for module in modules if module is not model)
-        ):
-            return None
-        batch, sequence = input_ids.shape
-        limit = model.config.max_position_embeddings
-        shape = (_bucket(batch, BATCH_BUCKETS), _bucket(sequence, tuple(s for s in SEQUENCE_BUCKETS if s <= limit)))
-        real = batch * sequence if attention_mask is None else int(attention_mask.count_nonzero())
-        return shape if real >= MIN_FILL * shape[0] * shape[1] else None
+        )
 
     def _refresh(self, modules: list[nn.Module], parameters: list[Tensor]) -> list[Swapped]:
         """Build the forms of parameters that changed since the last call, and compile anew if any did; returns the

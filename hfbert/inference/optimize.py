@@ -23,7 +23,8 @@ The modes, each with its numerical contract (ACCURACY_BOUNDS; docs/numerical-con
 `compile=True` adds to each mode its compiled path (`compiled.py`): the forward under torch.compile on a few padded
 shapes; int8's traces its kernels, the fp32 modes' trace theirs too, with max-autotune for the plain products, and
 bf16's its products and attention; the fp32 and bf16 paths run the compiled graph only on the shapes where it was
-measured faster than their eager forward.
+measured faster than their eager forward. `compile="aot"` (`aot.py`) instead exports the forward once, with dynamic
+shapes, and compiles it ahead of time into a package kept on disk (fp32 and bf16; int8 runs `compile=True`'s path).
 
 Each mode is a row of MODES, its steps in order. The arguments are checked in one place, and everything a mode
 needs (a C++ compiler, a model it can compile) before anything changes: a refused call changes nothing, and a call
@@ -75,6 +76,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hfbert.inference.aot import AOT_ROUTES, aot_forward, aot_target
 from hfbert.inference.bf16 import BF16, BF16Linear, bf16_available
 from hfbert.inference.compiled import (
     COMPILED_BF16,
@@ -101,6 +103,8 @@ from hfbert.platform.allocator import keep_freed_memory
 from hfbert.platform.mkl import warn_if_too_late
 
 QUANTIZATIONS = ("int8",)
+# `compile`'s values beside True and False, as the command line spells them (`aot.py`).
+COMPILE_CHOICES = ("aot",)
 # Each precision's contract: RMS error against float64, on every output, at most this many times transformers' own
 # fp32 error (docs/numerical-contract.md, measured by `python -m benchmarks.numerical_contract`).
 ACCURACY_BOUNDS = {"highest": 1.5, "high": 3.0}
@@ -153,7 +157,7 @@ def optimize_for_inference(
     quantize: str | None = None,
     precision: str = "highest",
     kernels: str = "measured",
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> nn.Module:
     """Put `model` in eval mode and swap its large linear layers for packed (or, with `quantize="int8"`, int8)
     ones, in place. Returns the model, for chaining. Calling it again re-optimizes (int8 after packed, say).
@@ -176,13 +180,21 @@ def optimize_for_inference(
     compiled graph is timed against the eager mode's forward when first compiled, and the faster runs. In bf16:
     its products and attention traced, the fp32 ops between them fused (its contract), each shape timed likewise.
 
+    `compile="aot"` (`aot.py`): the forward exported once with a dynamic batch and token dimension and compiled by
+    AOTInductor into a package kept on disk, keyed by the weights, torch and the CPU (a later process loads it in
+    a fraction of a second), called without Python between its ops; fp32 (either precision) and bf16 (products
+    under autocast), each held to its precision's contract. int8 has no AOT route (its packed int8 weights cannot be
+    exported): with `quantize="int8"` it runs `compile=True`'s path.
+
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
     stays plain and the call warns; `inference_mode_of(model)` says what was applied. On an AMD CPU where hfbert
     would run MKL's faster branch but MKL had already run before `import hfbert`, it warns once, naming the setting
     (`hfbert.platform.mkl`)."""
     mode = MODES[_mode_key(quantize, precision, kernels, compile)]
     warn_if_too_late()  # MKL's products are the plain computation every kernel is measured against
-    if compile:
+    if compile == "aot" and quantize is None:
+        aot_target(model)  # a model the AOT path runs, before anything changes
+    elif compile:
         compile_target(model)  # a model the compiled path runs, before anything changes
     unavailable = _unavailable(mode, model)
     if compile and unavailable is None:
@@ -201,7 +213,7 @@ def optimize_for_inference(
     return model
 
 
-def _mode_key(quantize: str | None, precision: str, kernels: str, compile: bool) -> tuple:
+def _mode_key(quantize: str | None, precision: str, kernels: str, compile: bool | str) -> tuple:
     """The arguments checked, each against its choices, then as a combination: the key of their row of MODES."""
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZATIONS)}, not {quantize!r}")
@@ -209,9 +221,10 @@ def _mode_key(quantize: str | None, precision: str, kernels: str, compile: bool)
         raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, not {precision!r}")
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNEL_CHOICES))}, not {kernels!r}")
-    if compile not in (True, False):
-        raise ValueError(f"compile must be True or False, not {compile!r}")
-    key = (quantize, precision, bool(compile))
+    aot = isinstance(compile, str) and compile == "aot"
+    if not aot and compile not in (True, False):
+        raise ValueError(f"compile must be True, False or 'aot', not {compile!r}")
+    key = (quantize, precision, "aot" if aot else bool(compile))
     if key not in MODES and precision == "bf16":
         raise ValueError(f"precision='bf16' runs its products in bf16, not int8: quantize={quantize!r} is refused")
     if key not in MODES:
@@ -364,6 +377,18 @@ def _compile_fp32(model: nn.Module, kernels: str) -> None:
     compile_forward(model, COMPILED_FP32, measured=kernels == "measured")
 
 
+def _aot(model: nn.Module, kernels: str) -> None:
+    aot_forward(model, AOT_ROUTES["highest"])
+
+
+def _aot_high(model: nn.Module, kernels: str) -> None:
+    aot_forward(model, AOT_ROUTES["high"])
+
+
+def _aot_bf16(model: nn.Module, kernels: str) -> None:
+    aot_forward(model, AOT_ROUTES["bf16"])
+
+
 def _fp32() -> tuple[torch.dtype, ...]:
     return (torch.float32,)
 
@@ -413,6 +438,26 @@ MODES: dict[tuple, Mode] = {
         "oneDNN's int8 kernel (x86, AVX2)",
         _fp32,
     ),
+}
+# compile="aot" (`aot.py`): the eager mode's swaps (for the calls the package does not cover), then the package. int8
+# has no AOT route (its packed int8 weights cannot be exported): it runs compile=True's path, under its name.
+MODES |= {
+    (None, "highest", "aot"): Mode("fp32 aot", (_swap_packed_linears, _aot), packing_supported, "oneDNN on x86", _fp32),
+    (None, "high", "aot"): Mode(
+        "fp32 high aot",
+        (_swap_fused_blocks, _swap_packed_linears, _aot_high),
+        packing_supported,
+        "oneDNN on x86",
+        _fp32,
+    ),
+    (None, "bf16", "aot"): Mode(
+        "bf16 aot",
+        (_swap_bf16_attention, _swap_bf16_intermediates, _swap_bf16_linears, _aot_bf16),
+        bf16_available,
+        "a CPU that computes bf16 natively (AVX512-BF16 or AMX) and torch's oneDNN",
+        _fp32,
+    ),
+    ("int8", "highest", "aot"): MODES[("int8", "highest", True)],
 }
 
 

@@ -43,7 +43,9 @@ def run(arguments: argparse.Namespace) -> int:
     logging.basicConfig(level=arguments.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_of(arguments)
     load = LoadOptions(**{name: getattr(arguments, name) for name in LOAD_OPTIONS})
-    options = EngineOptions(pooling=arguments.pooling, prompt_name=arguments.prompt_name, load=load)
+    options = EngineOptions(
+        pooling=arguments.pooling, prompt_name=arguments.prompt_name, load=load, compile=arguments.compile
+    )
     engine = Engine(arguments.model, options)
     mode = f"precision {load.precision}" + (f", quantize {load.quantize}" if load.quantize else "")
     where = "" if str(engine.directory) == settings.model_id else f" ({engine.directory})"

@@ -63,6 +63,8 @@ class EngineOptions:
     pooling: str | None = None
     prompt_name: str | None = None
     load: LoadOptions = field(default_factory=LoadOptions)
+    # "aot": the encoder's forward compiled ahead of time (`hfbert.optimize_for_inference(..., compile="aot")`)
+    compile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,12 @@ class Engine:
             self.pooling = "splade"
             self.prompts = self.encoder.settings.prompts
             self.prompt = self._prompt_of(options.prompt_name)
+        if options.compile:
+            from hfbert.inference import optimize_for_inference
+
+            optimize_for_inference(
+                self.encoder.model, quantize=load.quantize, precision=load.precision, compile=options.compile
+            )
         self.max_input_length: int = self.encoder.max_length
         self.tokenizer = self.encoder.tokenizer
         self.vocabulary_size: int = self.encoder.model.config.vocab_size

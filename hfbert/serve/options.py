@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from hfbert.inference.optimize import PRECISIONS, QUANTIZATIONS
+from hfbert.inference.optimize import COMPILE_CHOICES, PRECISIONS, QUANTIZATIONS
 from hfbert.tools.sentence_transformers_modules import POOLINGS
 
 # TEI's defaults (router/src/main.rs), but the host: loopback unless told otherwise.
@@ -147,6 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(PRECISIONS),
         default="highest",
         help="highest: fp32 (default); high: the fast fp32 mode; bf16: products in bf16 (lossy)",
+    )
+    parser.add_argument(
+        "--compile",
+        choices=list(COMPILE_CHOICES),
+        help="aot: the forward compiled ahead of time (AOTInductor), kept on disk under $HFBERT_CACHE/aot: the first "
+        "start of a model compiles (tens of seconds), later starts load it",
     )
     parser.add_argument("--ignore-auto-map", action="store_true", help="load a custom-code checkpoint as plain BERT")
     parser.add_argument(
