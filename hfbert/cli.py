@@ -653,7 +653,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=__version__, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
+    for add_command in COMMANDS:
+        add_command(commands)
+    return parser
 
+
+def _download_parser(commands: Any) -> None:
+    """`hfbert download` and its options."""
     download = _command(
         commands,
         "download",
@@ -670,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     download.set_defaults(run=download_command, parser=download)
 
+
+def _convert_parser(commands: Any) -> None:
+    """`hfbert convert` and its options."""
     convert = _command(
         commands,
         "convert",
@@ -687,6 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(convert)
     convert.set_defaults(run=convert_command, parser=convert)
 
+
+def _inspect_parser(commands: Any) -> None:
+    """`hfbert inspect` and its options."""
     inspect = _command(
         commands,
         "inspect",
@@ -699,6 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(inspect)
     inspect.set_defaults(run=inspect_command, parser=inspect)
 
+
+def _parity_parser(commands: Any) -> None:
+    """`hfbert parity` and its options."""
     parity = _command(
         commands,
         "parity",
@@ -789,6 +804,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(parity)
     parity.set_defaults(run=parity_command, parser=parity)
 
+
+def _embed_parser(commands: Any) -> None:
+    """`hfbert embed` and its options."""
     embed = _command(
         commands,
         "embed",
@@ -902,6 +920,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(embed)
     embed.set_defaults(run=embed_command, parser=embed)
 
+
+def _rerank_parser(commands: Any) -> None:
+    """`hfbert rerank` and its options."""
     rerank = _command(
         commands,
         "rerank",
@@ -946,6 +967,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(rerank)
     rerank.set_defaults(run=rerank_command, parser=rerank)
 
+
+def _fill_mask_parser(commands: Any) -> None:
+    """`hfbert fill-mask` and its options."""
     fill_mask = _command(
         commands,
         "fill-mask",
@@ -966,6 +990,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(fill_mask)
     fill_mask.set_defaults(run=fill_mask_command, parser=fill_mask)
 
+
+def _serve_parser(commands: Any) -> None:
+    """`hfbert serve` and its options."""
     serve = _command(
         commands,
         "serve",
@@ -977,7 +1004,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_arguments(serve)
     serve.set_defaults(run=serve_command, parser=serve)
-    return parser
+
+
+# The commands in the order `hfbert --help` lists them, each adding its parser.
+COMMANDS = (
+    _download_parser,
+    _convert_parser,
+    _inspect_parser,
+    _parity_parser,
+    _embed_parser,
+    _rerank_parser,
+    _fill_mask_parser,
+    _serve_parser,
+)
 
 
 def _check_usage(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> None:
