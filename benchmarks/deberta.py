@@ -1,12 +1,14 @@
 """DeBERTa-v3-base's shape on mixed lengths: hfbert (sdpa, padding-free, the relative terms as a score term) against
-transformers (eager, the only attention it has for DeBERTa), taking turns in rounds.
+transformers (eager, the only attention it has for DeBERTa) and ONNX Runtime (transformers' model exported to ONNX,
+`benchmarks/artifacts.py`; skipped, and said, without onnxruntime), taking turns in rounds.
 
 Random weights (the shape decides the time, not the values), the same state dict in both; texts as token ids of
 mixed lengths (8 to 256 tokens, in random order, so that every batch holds short and long rows); batches of 16. Each
-round runs every batch through both engines, in alternating order, and the result is each engine's median round and
-the median of the per-round ratios, which survives a machine whose load changes between rounds. Before timing, both
-engines' outputs are compared at real positions. The run records the CPU, the threads, and the load average and the
-cores other processes kept busy, before and after (this is not an idle machine's number unless those say so).
+round runs every batch through every engine, in rotating order, and the result is each engine's median round and
+the median of the per-round ratios to transformers, which survives a machine whose load changes between rounds.
+Before timing, each engine's outputs are compared with transformers' at real positions. The run records the CPU,
+the threads, and the load average and the cores other processes kept busy, before and after (this is not an idle
+machine's number unless those say so).
 
     python -m benchmarks.deberta            # 96 texts, 5 rounds
     python -m benchmarks.deberta --quick    # 32 texts, 3 rounds
@@ -16,7 +18,10 @@ from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -65,33 +70,54 @@ def mixed_batches(count: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     return batches
 
 
-def engines() -> dict:
-    """hfbert's and transformers' DebertaV2Model with the same random weights, in eval mode."""
+def engines(work: str, threads: int, skipped: dict[str, str]) -> tuple[dict, torch.nn.Module]:
+    """name -> a call on one batch (its last hidden state): hfbert's DebertaV2Model with transformers' random weights,
+    and ONNX Runtime on transformers' model exported to `work`; and transformers' model, the reference."""
     import transformers
+
+    from benchmarks.artifacts import export_onnx
 
     torch.manual_seed(0)
     theirs = transformers.DebertaV2Model(transformers.DebertaV2Config(**DEBERTA_V3_BASE)).eval()
     ours = hfbert.DebertaV2Model(hfbert.DebertaV2Config(**DEBERTA_V3_BASE)).eval()
     ours.load_state_dict(theirs.state_dict())
-    return {"hfbert sdpa padding-free": ours, "transformers eager": theirs}
+    calls = {
+        "hfbert sdpa padding-free": lambda batch: ours(**batch).last_hidden_state,
+        "transformers eager": lambda batch: theirs(**batch).last_hidden_state,
+    }
+    try:
+        import onnxruntime
+    except ImportError:
+        skipped["onnxruntime"] = "not installed (pip install 'hfbert[deploy]')"
+        return calls, theirs
+    theirs.save_pretrained(os.path.join(work, "checkpoint"))
+    path = export_onnx(Path(work, "checkpoint"), Path(work, "deberta.onnx"), token_type_ids=False)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    calls["onnxruntime"] = lambda batch: torch.from_numpy(
+        session.run(None, {name: tensor.numpy() for name, tensor in batch.items()})[0]
+    )
+    return calls, theirs
 
 
-def largest_difference(models: dict, batches: list[dict[str, torch.Tensor]]) -> float:
-    ours, theirs = models.values()
-    worst = 0.0
+def largest_differences(calls: dict, reference: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> dict:
+    """name -> the largest absolute difference from transformers' last hidden state at real positions."""
+    worst = dict.fromkeys(calls, 0.0)
     with torch.inference_mode():
         for batch in batches:
             real = batch["attention_mask"].bool()
-            difference = ours(**batch).last_hidden_state[real] - theirs(**batch).last_hidden_state[real]
-            worst = max(worst, float(difference.abs().max()))
+            expected = reference(**batch).last_hidden_state[real]
+            for name, call in calls.items():
+                worst[name] = max(worst[name], float((call(batch)[real] - expected).abs().max()))
     return worst
 
 
-def timed(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
+def timed(call: Callable, batches: list[dict[str, torch.Tensor]]) -> float:
     with torch.inference_mode():
         started = time.perf_counter()
         for batch in batches:
-            model(**batch)
+            call(batch)
         return time.perf_counter() - started
 
 
@@ -105,16 +131,21 @@ def main() -> None:
     batches = mixed_batches(count)
     tokens = sum(int(batch["attention_mask"].sum()) for batch in batches)
     padded = sum(batch["input_ids"].numel() for batch in batches)
-    models = engines()
-    result["max_abs_difference"] = largest_difference(models, batches)  # also the warm-up
-    names = list(models)
-    for index in range(rounds):
-        order = names if index % 2 == 0 else names[::-1]
-        seconds = {name: timed(models[name], batches) for name in order}
-        result["rounds"].append(seconds)
-        print(f"round {index + 1}: " + ", ".join(f"{name} {seconds[name]:.2f} s" for name in names), flush=True)
-    ratios = [row[names[1]] / row[names[0]] for row in result["rounds"]]
-    result["speedup"] = statistics.median(ratios)
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as work:
+        calls, reference = engines(work, args.threads, skipped)
+        result["max_abs_difference"] = largest_differences(calls, reference, batches)  # also the warm-up
+        names = list(calls)
+        for index in range(rounds):
+            order = names[index % len(names) :] + names[: index % len(names)]
+            seconds = {name: timed(calls[name], batches) for name in order}
+            result["rounds"].append(seconds)
+            print(f"round {index + 1}: " + ", ".join(f"{name} {seconds[name]:.2f} s" for name in names), flush=True)
+    result["skipped"] = skipped
+    baseline = "transformers eager"
+    result["speedup"] = {
+        name: statistics.median(row[baseline] / row[name] for row in result["rounds"]) for name in names
+    }
     result["median_seconds"] = {name: statistics.median(row[name] for row in result["rounds"]) for name in names}
     result["tokens"], result["padded_tokens"] = tokens, padded
     result["machine"]["load_after"] = os.getloadavg()[0]
@@ -125,10 +156,14 @@ def main() -> None:
         f"batches of {BATCH_SIZE}, {rounds} rounds; {machine['cpu']}, {args.threads} threads"
     )
     for name in names:
-        median = result["median_seconds"][name]
-        print(f"  {name:28s} {median:7.2f} s   {tokens / median:8.0f} tokens/s")
-    speedup, difference = result["speedup"], result["max_abs_difference"]
-    print(f"  speedup (median of rounds)   {speedup:.2f}x   max abs difference {difference:.1e}")
+        median, speedup = result["median_seconds"][name], result["speedup"][name]
+        difference = result["max_abs_difference"][name]
+        print(
+            f"  {name:28s} {median:7.2f} s   {tokens / median:8.0f} tokens/s   {speedup:5.2f}x transformers "
+            f"(median of rounds)   max abs difference {difference:.1e}"
+        )
+    for name, why in skipped.items():
+        print(f"  {name}: skipped, {why}")
     others = machine["others_cores"]
     busy = "unknown" if others is None else f"{others:.2f}"
     print(
