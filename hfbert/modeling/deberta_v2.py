@@ -52,17 +52,16 @@ from hfbert.modeling.config import EncoderConfig, is_integer, is_number
 from hfbert.modeling.encoder import EncoderModel, LayerStack
 from hfbert.modeling.heads import (
     BertForMaskedLM,
+    BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    _BertWithHead,
 )
 from hfbert.modeling.inputs import class_labels
 from hfbert.modeling.model import BertAttention, BertLayer, BertResidualOutput
-from hfbert.modeling.outputs import BertModelOutput, LogitsOutput
+from hfbert.modeling.outputs import BertModelOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.pretrained import BertPreTrainedModel, resized_rows
-from hfbert.modeling.task import flat_choices
 
 ATTENTION_TERMS = ("c2p", "p2c")
 MLM_LEGACY_HEAD, MLM_HEAD, POOLER_HEAD = "cls.predictions.", "lm_predictions.", "pooler."
@@ -820,41 +819,16 @@ class DebertaV2ForQuestionAnswering(_DebertaV2Family, BertForQuestionAnswering):
     """BERT's question answering (`qa_outputs`); pads take part in the loss, so the encoder runs padded."""
 
 
-class DebertaV2ForMultipleChoice(_DebertaV2Family, _BertWithHead):
+class DebertaV2ForMultipleChoice(_DebertaV2Family, BertForMultipleChoice):
     """`pooler` -> dropout -> `classifier` (one logit per choice)."""
 
     heads = (POOLER_HEAD, "classifier.")
+    pooling = False
 
     def build_heads(self, config: DebertaV2Config) -> None:
         self.pooler = DebertaV2ContextPooler(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.dropout = self.classifier_dropout()
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> LogitsOutput | tuple:
-        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        encoded = self.encode(
-            input_ids=flat_choices(input_ids),
-            attention_mask=flat_choices(attention_mask),
-            token_type_ids=flat_choices(token_type_ids),
-            position_ids=flat_choices(position_ids),
-            inputs_embeds=flat_choices(inputs_embeds, trailing=2),
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-        )
-        pooled = self.pooler(encoded.last_hidden_state)
-        logits = self.classifier(self.dropout(pooled)).view(-1, num_choices)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits, class_labels("labels", labels, num_choices, len(logits)))
-        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+    def choice_scores(self, encoded: Any) -> Tensor:
+        return self.classifier(self.dropout(self.pooler(encoded.last_hidden_state)))

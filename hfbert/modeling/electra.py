@@ -24,7 +24,7 @@ What ELECTRA changes, part by part:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -41,14 +41,18 @@ from converters.key_map import (
 from hfbert.modeling.activations import ACTIVATIONS
 from hfbert.modeling.config import BertConfig, EncoderConfig
 from hfbert.modeling.encoder import EncoderModel
-from hfbert.modeling.heads import BertForMaskedLM, BertForQuestionAnswering, BertForTokenClassification
-from hfbert.modeling.inputs import class_labels
+from hfbert.modeling.heads import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForTokenClassification,
+)
 from hfbert.modeling.model import BertEmbeddings, BertEncoder
 from hfbert.modeling.outputs import LogitsOutput
 from hfbert.modeling.padding import PackedBatch, PaddedBatch
 from hfbert.modeling.pretrained import resized_rows
 from hfbert.modeling.shared_heads import ClassificationHead, ClassificationHeadForSequenceClassification
-from hfbert.modeling.task import TaskModel, flat_choices
+from hfbert.modeling.task import TaskModel
 
 # transformers' ElectraSequenceSummary's ways of reading one vector per choice ("attn" is not implemented there).
 SUMMARY_TYPES = ("first", "last", "mean", "cls_index")
@@ -326,44 +330,20 @@ class ElectraSequenceSummary(nn.Module):
         return self.last_dropout(self.activation(self.summary(self.first_dropout(output))))
 
 
-class ElectraForMultipleChoice(_ElectraFamily, TaskModel):
+class ElectraForMultipleChoice(_ElectraFamily, BertForMultipleChoice):
     """One score per choice: `sequence_summary`, then `classifier`. A summary that reads pad columns ("last",
     "mean", "cls_index") keeps the encoder padded, so pads hold what transformers computes there."""
 
     heads = (SEQUENCE_SUMMARY, CLASSIFIER_HEAD)
+    pooling = False
 
     def build_heads(self, config: ElectraConfig) -> None:
         self.backbone.padding_free = config.summary_type == "first"
         self.sequence_summary = ElectraSequenceSummary(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> LogitsOutput | tuple:
-        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        encoded = self.encode(
-            input_ids=flat_choices(input_ids),
-            attention_mask=flat_choices(attention_mask),
-            token_type_ids=flat_choices(token_type_ids),
-            position_ids=flat_choices(position_ids),
-            inputs_embeds=flat_choices(inputs_embeds, trailing=2),
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-        )
-        logits = self.classifier(self.sequence_summary(encoded.last_hidden_state)).view(-1, num_choices)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits, class_labels("labels", labels, num_choices, len(logits)))
-        return self.finish(LogitsOutput(loss, logits, encoded.hidden_states, encoded.attentions), return_dict)
+    def choice_scores(self, encoded: Any) -> Tensor:
+        return self.classifier(self.sequence_summary(encoded.last_hidden_state))
 
 
 __all__ = [

@@ -353,6 +353,10 @@ class BertForMultipleChoice(_BertWithHead):
         self.dropout = self.classifier_dropout()
         self.classifier = nn.Linear(config.hidden_size, 1)
 
+    def choice_scores(self, encoded: Any) -> Tensor:
+        """One score per encoded choice (a row of `encoded`): BERT's pooled output -> dropout -> `classifier`."""
+        return self.classifier(self.dropout(encoded.pooler_output))
+
     def forward(
         self,
         input_ids: Tensor | None = None,
@@ -376,7 +380,7 @@ class BertForMultipleChoice(_BertWithHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        logits = self.classifier(self.dropout(encoded.pooler_output)).view(-1, num_choices)
+        logits = self.choice_scores(encoded).view(-1, num_choices)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits, class_labels("labels", labels, num_choices, len(logits)))
