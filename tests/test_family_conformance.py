@@ -7,8 +7,8 @@ transformers' model steps hfbert's the same); forward takes transformers' parame
 output of every head equals transformers' element-wise, right-padded (padding-free where the head allows it) and
 left-padded, in both attention kernels, as tuples too; one training step gives transformers' loss and gradients; and
 what hfbert saves, transformers loads. Per member, the tools on a checkpoint with the member's tokenizer:
-`hfbert.AutoTokenizer`, `hfbert parity`, `embed` against sentence-transformers, `convert` and `inspect`, and the fast
-path (`optimize_for_inference`).
+`hfbert.AutoTokenizer`, `hfbert parity`, `fill-mask` against transformers' pipeline, `embed` against
+sentence-transformers, `convert` and `inspect`, and the fast path (`optimize_for_inference`).
 
 Every checkpoint is written by transformers (`support.members`: random weights far from its init, saved by
 `save_pretrained`) and loaded by hfbert's Auto classes. What only one member has (RoBERTa's positions, MPNet's
@@ -417,6 +417,34 @@ def test_parity_passes(model_type, tokenized, tmp_path, capsys):
     assert {"embeddings", "layer 0", "layer 1", "mlm logits", "mlm top-5"} <= names
     cases = [case["name"] for case in written["cases"]]
     assert cases == ["single", "pairs", "right padding", "left padding", "max length"]
+
+
+# The mask between words, first, glued to a word (RoBERTa's and MPNet's <mask> takes the space before it), and in a
+# sentence every member's tokenizer here knows.
+MASKED = [
+    "Paris is the {} of France.",
+    "{} is a city in Europe.",
+    "A sentence ending in a{}.",
+    "The quick brown {} jumps over the lazy dog.",
+]
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_fill_mask_equals_transformers_pipeline(model_type, tokenized, capsys):
+    """`hfbert fill-mask` in-process on the masked LM with the member's tokenizer and mask token: transformers'
+    pipeline's tokens, scores and sequences."""
+    from hfbert.cli import main
+
+    directory = tokenized(model_type, "masked-lm")
+    fill = transformers.pipeline("fill-mask", model=str(directory), tokenizer=str(directory), device="cpu")
+    for template in MASKED:
+        text = template.format(fill.tokenizer.mask_token)
+        expected = fill(text, top_k=5)
+        assert main(["fill-mask", str(directory), text, "--top-k", "5", "--json"]) == 0
+        ours = json.loads(capsys.readouterr().out)
+        assert [p["token"] for p in ours] == [p["token"] for p in expected], text
+        assert np.abs(np.array([p["score"] for p in ours]) - [p["score"] for p in expected]).max() <= 1e-6, text
+        assert [p["sequence"] for p in ours] == [p["sequence"] for p in expected], text
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)

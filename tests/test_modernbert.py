@@ -252,25 +252,6 @@ def test_embed_with_nomic_style_prompts_equals_sentence_transformers(prompt_name
     assert np.abs(ours - expected).max() <= 1e-5
 
 
-def test_fill_mask_equals_transformers_pipeline(tmp_path, request, capsys):
-    """`hfbert fill-mask` on a ModernBERT masked LM ([MASK] takes the space before it): transformers' pipeline's
-    tokens, scores and sequences."""
-    import numpy as np
-
-    from hfbert.cli import main
-
-    from support.members import tokenized_checkpoint
-
-    directory = tokenized_checkpoint(tmp_path, "modernbert", "masked-lm", request)
-    text = "The quick brown [MASK] jumps over the lazy dog."
-    expected = transformers.pipeline("fill-mask", model=str(directory), device="cpu")(text, top_k=5)
-    assert main(["fill-mask", str(directory), text, "--top-k", "5", "--json"]) == 0
-    ours = json.loads(capsys.readouterr().out)
-    assert [p["token"] for p in ours] == [p["token"] for p in expected]
-    assert np.abs(np.array([p["score"] for p in ours]) - [p["score"] for p in expected]).max() <= 1e-6
-    assert [p["sequence"] for p in ours] == [p["sequence"] for p in expected]
-
-
 # ModernBERT-base's config.json (answerdotai/ModernBERT-base) but for the vocabulary: random weights at its shape.
 BASE_SHAPE = {
     "vocab_size": 2048,

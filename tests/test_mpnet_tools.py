@@ -1,14 +1,13 @@
-"""fill-mask, convert and inspect on MPNet checkpoints (issue #42), each against transformers loading the same folder,
-element-wise (what every member's convert and inspect do: test_family_conformance.py). The checkpoints are
-transformers' own MPNet classes with random weights (`support.mpnet`) and all-mpnet-base-v2's tokenizer (the
-`real_mpnet` fixture, read-only), so `<mask>` is MPNet's real mask token."""
+"""fill-mask's refusals, convert and inspect on MPNet checkpoints (issue #42), each against transformers loading the
+same folder, element-wise (what every member's fill-mask, convert and inspect do: test_family_conformance.py). The
+checkpoints are transformers' own MPNet classes with random weights (`support.mpnet`) and all-mpnet-base-v2's
+tokenizer (the `real_mpnet` fixture, read-only), so `<mask>` is MPNet's real mask token."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -21,9 +20,6 @@ from hfbert.tools.inspect import summary
 from support.mpnet import tiny_mpnet_checkpoint
 
 transformers = pytest.importorskip("transformers")
-
-# <mask> between words, first, and glued to a word (it takes the space before it: MPNet's lstrip).
-MASKED = ["Paris is the <mask> of France.", "<mask> is a city in Europe.", "A sentence ending in a<mask>."]
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +34,6 @@ def mpnet_folders(real_mpnet, tmp_path_factory):
         return folders[task]
 
     return folder
-
-
-def test_fill_mask_equals_transformers_pipeline(mpnet_folders, capsys):
-    directory = mpnet_folders("ForMaskedLM")
-    fill = transformers.pipeline("fill-mask", model=str(directory), tokenizer=str(directory), device="cpu")
-    for text in MASKED:
-        expected = fill(text, top_k=5)
-        assert main(["fill-mask", str(directory), text, "--top-k", "5", "--json"]) == 0
-        ours = json.loads(capsys.readouterr().out)
-        assert [p["token"] for p in ours] == [p["token"] for p in expected], text
-        assert np.abs(np.array([p["score"] for p in ours]) - [p["score"] for p in expected]).max() <= 1e-6, text
-        assert [p["sequence"] for p in ours] == [p["sequence"] for p in expected], text
 
 
 def test_fill_mask_names_mpnets_mask_token_and_head(mpnet_folders, capsys):

@@ -18,8 +18,8 @@ import torch
 import hfbert
 from hfbert.modeling.positions import positions_after_padding
 
-from support.family import TINY
 from support.helpers import randomize_weights
+from support.members import tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,7 +36,8 @@ def checkpoint(tmp_path, member: str, task: str, **fields):
     """A transformers model of `member`'s `task`, saved to tmp_path; returns (reference, hfbert's model)."""
     prefix, config_class = FAMILY[member]
     num_labels = 2 if task == "ForQuestionAnswering" else 3  # start and end
-    reference = getattr(transformers, f"{prefix}{task}")(config_class(**{**TINY, "num_labels": num_labels, **fields}))
+    config = config_class(**tiny_config(member, num_labels=num_labels, **fields))
+    reference = getattr(transformers, f"{prefix}{task}")(config)
     torch.manual_seed(0)
     randomize_weights(reference).eval()
     directory = tmp_path / f"{member}-{task}"
@@ -152,7 +153,7 @@ def test_compiled_int8_path_runs_roberta_positions(tmp_path):
 
 
 def test_a_roberta_config_with_bert_weights_is_refused_naming_both(tmp_path):
-    bert = transformers.BertModel(transformers.BertConfig(**{**TINY, "type_vocab_size": 2}))
+    bert = transformers.BertModel(transformers.BertConfig(**tiny_config("bert")))
     prefixed = transformers.BertForMaskedLM(bert.config)
     prefixed.save_pretrained(tmp_path / "bert")
     config = json.loads((tmp_path / "bert" / "config.json").read_text())
@@ -196,7 +197,8 @@ def test_base_shapes_equal_transformers(tmp_path, member, fields):
     base = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
     prefix, config_class = FAMILY[member]
     torch.manual_seed(0)
-    reference = getattr(transformers, f"{prefix}ForMaskedLM")(config_class(**{**TINY, **base, **fields})).eval()
+    config = config_class(**tiny_config(member, **base, **fields))
+    reference = getattr(transformers, f"{prefix}ForMaskedLM")(config).eval()
     reference.save_pretrained(tmp_path / member)
     model = getattr(hfbert, f"{prefix}ForMaskedLM").from_pretrained(tmp_path / member)
     generator = torch.Generator().manual_seed(1)

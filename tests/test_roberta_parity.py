@@ -12,7 +12,8 @@ import torch
 
 from hfbert.tools.parity import run_parity
 
-from support.family import TEXTS, TINY, family_checkpoint
+from support.family import TEXTS, family_checkpoint
+from support.members import tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -107,8 +108,9 @@ def test_a_fused_graph_that_reads_the_mask_as_lengths_fails_left_padding(tmp_pat
 
     directory = family_checkpoint(tmp_path / "roberta", "roberta", "Model")
     plain = export_with_engine_tools(directory, tmp_path / "plain.onnx")
-    fused, counts = fuse_onnx(plain, tmp_path / "fused.onnx", TINY["num_attention_heads"], TINY["hidden_size"])
-    assert counts.get("Attention") == TINY["num_hidden_layers"]
+    tiny = tiny_config("roberta")  # family_checkpoint's shape
+    fused, counts = fuse_onnx(plain, tmp_path / "fused.onnx", tiny["num_attention_heads"], tiny["hidden_size"])
+    assert counts.get("Attention") == tiny["num_hidden_layers"]
     report = run_parity(directory, texts=TEXTS, progress=False, artifacts=[plain, fused])
     plain_check, fused_check = report.artifacts
     assert plain_check.verdict == "pass", plain_check.rows

@@ -7,15 +7,16 @@ import torch
 
 import hfbert
 
-from support.family import TINY
 from support.helpers import randomize_weights, trainer_losses
+from support.members import tiny_config
 
 transformers = pytest.importorskip("transformers")
 PAD = 1
+CONFIG = tiny_config("roberta")
 
 
 def checkpoint(directory, **fields):
-    config = transformers.RobertaConfig(**{**TINY, **fields})
+    config = transformers.RobertaConfig(**{**CONFIG, **fields})
     torch.manual_seed(0)
     randomize_weights(transformers.RobertaForSequenceClassification(config)).save_pretrained(directory)
     return directory
@@ -26,7 +27,7 @@ def examples(count: int = 16) -> list[dict[str, torch.Tensor]]:
     rows = []
     for index in range(count):
         length = 5 + index % 4  # unequal lengths: the collator pads with the pad id, positions must skip it
-        ids = torch.randint(3, TINY["vocab_size"], (length,), generator=generator)
+        ids = torch.randint(3, CONFIG["vocab_size"], (length,), generator=generator)
         ids[0], ids[-1] = 0, 2
         rows.append({"input_ids": ids, "labels": torch.tensor(index % 3)})
     return rows
