@@ -6,8 +6,9 @@ When an artifact's token outputs fail, `run_parity` asks these before it reports
   into a BERT port), or from 0 in a RoBERTa-family port;
 - `padding_blind_positions`: positions counted over columns, pads included, on a left-padded batch (a graph that
   computes its own positions without the attention mask);
-- `attention_mismatch`: another window or rotary base on local and global layers (ModernBERT's), each change as the
-  member's reference adapter states it (engines/reference_adapters.py).
+- `attention_mismatch`: another window or rotary base on local and global layers (ModernBERT's), or another bucket
+  size, reach or set of relative terms (DeBERTa's), each change as the member's reference adapter states it
+  (engines/reference_adapters.py).
 
 A cause is named only when the changed float64 run fits the artifact FITS_BETTER times better than the battery's.
 """
@@ -136,8 +137,8 @@ def padding_blind_positions(
 
 @dataclass
 class AttentionMismatch:
-    """Another window or rotary base on the local / global layers (ModernBERT's) fits a failing artifact's last hidden
-    state far better than the checkpoint's config.json."""
+    """Another window or rotary base on the local / global layers (ModernBERT's), or other relative positions
+    (DeBERTa's), fits a failing artifact's last hidden state far better than the checkpoint's config.json."""
 
     change: str  # what differs, in words
     fitted_rms: float  # the artifact's RMS error against float64 run with that change
@@ -154,8 +155,8 @@ class AttentionMismatch:
 def attention_mismatch(
     run: Callable[[dict[str, Tensor]], dict[str, Tensor]], exact: TorchEngine, batch: dict[str, Tensor]
 ) -> AttentionMismatch | None:
-    """For a member with local and global layers (its reference adapter's `variants`: ModernBERT's): the
-    change of window or rotary base under which the float64 reference fits the last hidden state that `run` (an
+    """For a member whose reference adapter has `variants` (ModernBERT's windows and rotary bases, DeBERTa's
+    relative positions): the change under which the float64 reference fits the last hidden state that `run` (an
     artifact) gives for `batch` FITS_BETTER times better than as config.json says, the best such; None otherwise."""
     variants = adapter(exact.backbone.config.model_type).variants(exact.backbone)
     if not variants:

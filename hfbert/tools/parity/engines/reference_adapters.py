@@ -8,10 +8,12 @@ every name it reaches for (`touch_points`): tests/test_reference_adapters.py res
 builds, so an upgrade of transformers that moves one fails there, naming it, instead of quietly changing verdicts.
 
 - `ReferenceAdapter`: members whose float64 model is exact as transformers runs it (BERT, RoBERTa, XLM-RoBERTa,
-  CamemBERT, MPNet): eager, nothing touched.
+  CamemBERT, MPNet, ELECTRA, DistilBERT): eager, nothing touched.
 - `ModernBertAdapter`: ModernBERT's eager kernel takes the softmax in float32 and its float64 mask minimum becomes
   -inf in float32 (`exact_eager`), and its rotary positions are computed in float32 (`exact_rotary`); its local and
   global layers give the causes module (../causes.py) other windows and rotary bases to try (`variants`).
+- `DebertaV2Adapter`: the relative-position table cast to float64 where DeBERTa reads it; other bucket sizes,
+  reaches and relative terms for the causes module (`variants`).
 
 `adapter(model_type)` is the one door: a member with no adapter is refused by name, so a new member states its
 caveats (or that it has none) here before parity runs it.
@@ -160,9 +162,18 @@ class DebertaV2Adapter(ReferenceAdapter):
     """DeBERTa-v2: transformers' eager kernel computes in float64 (its score scale is a float32 square root in every
     dtype, which is DeBERTa's definition, and hfbert's), but its encoder reads the relative-position table as a
     weight (`rel_embeddings.weight`), not by lookup: the float64 twin casts only what embeddings look up
-    (reference.py), so that table is cast where it is read."""
+    (reference.py), so that table is cast where it is read. Its relative positions give the causes module
+    (../causes.py) other bucket sizes, reaches and relative terms to try (`variants`): what a port gets wrong."""
 
-    touch_points = ("backbone.encoder.rel_embeddings: the relative-position table, read as .weight (an nn.Embedding)",)
+    touch_points = (
+        "backbone.encoder.rel_embeddings: the relative-position table, read as .weight (an nn.Embedding)",
+        "backbone.encoder.position_buckets, .max_relative_positions: what get_rel_pos buckets every layer's "
+        "distances with, read at forward time",
+        "DisentangledSelfAttention.position_buckets, .max_relative_positions: its own bucketing, where it is given "
+        "no relative positions",
+        "DisentangledSelfAttention.pos_ebd_size: the half-width of the table its c2p / p2c terms read",
+        "DisentangledSelfAttention.pos_att_type: which relative terms it adds (and so their scale)",
+    )
 
     def make_exact(self, transformers: Any, model: Any) -> Any:
         from torch.nn.utils import parametrize
@@ -173,11 +184,147 @@ class DebertaV2Adapter(ReferenceAdapter):
             parametrize.register_parametrization(table, "weight", _Float64Cast(), unsafe=True)
         return model
 
+    def variants(self, backbone: Any) -> list[tuple[str, AbstractContextManager]]:
+        encoder = backbone.encoder
+        if not getattr(encoder, "relative_attention", False):
+            return []
+        buckets, reach = encoder.position_buckets, encoder.max_relative_positions
+        terms = list(self._attentions(backbone)[0].pos_att_type)
+        changes: list[tuple[str, dict[str, Any]]] = []
+        if buckets > 0:
+            changes.append(
+                (
+                    f"no log buckets: distances clamped at {buckets} as they are (position_buckets read as -1), "
+                    f"not put in {buckets} log buckets reaching {reach}",
+                    {"buckets": -1},
+                )
+            )
+            # The table has 2 x position_buckets rows: a port that takes its row count for the bucket count.
+            for other in (2 * buckets, buckets // 2):
+                if other >= 2 and other // 2 < reach - 1:  # what the log bucket formula takes
+                    changes.append(
+                        (
+                            f"log buckets of {other}, not {buckets} (position_buckets), on the same table",
+                            {"buckets": other},
+                        )
+                    )
+            for other in (2 * reach, reach // 2):
+                if buckets // 2 < other - 1:
+                    changes.append(
+                        (f"log buckets reaching {other}, not {reach} (max_relative_positions)", {"reach": other})
+                    )
+        elif reach // 2 >= 1:  # no buckets: the reach is the table's half-width
+            changes.append(
+                (
+                    f"distances clamped at {reach // 2}, not {reach} (max_relative_positions), on the same table",
+                    {"reach": reach // 2, "span": reach // 2},
+                )
+            )
+        if len(terms) > 1:
+            names = {"c2p": "content-to-position", "p2c": "position-to-content"}
+            for term in terms:
+                kept = [other for other in terms if other != term]
+                changes.append(
+                    (
+                        f"no {term} ({names.get(term, term)}) term: only {', '.join(kept)}, scaled as pos_att_type "
+                        f"{kept} scales it",
+                        {"terms": kept},
+                    )
+                )
+        if terms:
+            changes.append(
+                ("no relative terms: content-to-content scores only, scaled by sqrt(head size)", {"terms": []})
+            )
+        return [(change, self._changed(backbone, **options)) for change, options in changes]
+
     def missing(self, transformers: Any, backbone: Any) -> list[str]:
         encoder = getattr(backbone, "encoder", None)
+        if not getattr(backbone.config, "relative_attention", False):
+            return []
+        name = type(backbone).__name__
         table = getattr(encoder, "rel_embeddings", None)
-        if getattr(backbone.config, "relative_attention", False) and not isinstance(table, torch.nn.Embedding):
-            return [f"{type(backbone).__name__}.encoder.rel_embeddings"]
+        gone = [] if isinstance(table, torch.nn.Embedding) else [f"{name}.encoder.rel_embeddings"]
+        for field in ("position_buckets", "max_relative_positions"):
+            if not isinstance(getattr(encoder, field, None), int):
+                gone.append(f"{name}.encoder.{field}")
+        attentions = self._attentions(backbone)
+        if not attentions:
+            return [*gone, f"{name}: no attention module with pos_att_type"]
+        attention = attentions[0]
+        kind = type(attention).__name__
+        for field, kinds in (
+            ("position_buckets", int),
+            ("max_relative_positions", int),
+            ("pos_ebd_size", int),
+            ("pos_att_type", list),
+        ):
+            if not isinstance(getattr(attention, field, None), kinds):
+                gone.append(f"{kind}.{field}")
+        try:
+            source = inspect.getsource(type(attention))
+        except (OSError, TypeError):
+            source = ""
+        for read in ("self.pos_ebd_size", "self.pos_att_type"):
+            if read not in source:
+                gone.append(f"{kind}: no longer reads {read}")
+        if not gone:
+            gone += self._bucketing_unread(backbone)
+        return gone
+
+    @staticmethod
+    def _attentions(backbone: Any) -> list[Any]:
+        """DeBERTa's disentangled attention modules in `backbone` (those with relative terms to add), in order."""
+        return [module for module in backbone.modules() if hasattr(module, "pos_att_type")]
+
+    @staticmethod
+    @contextmanager
+    def _changed(
+        backbone: Any,
+        buckets: int | None = None,
+        reach: int | None = None,
+        span: int | None = None,
+        terms: list[str] | None = None,
+    ) -> Iterator[None]:
+        """transformers' DebertaV2Model bucketing its relative distances with other `buckets` or `reach` (the encoder's
+        fields, which get_rel_pos reads, and each attention's own), reading `span` rows each side of the table's middle,
+        or adding only the relative `terms`, put back afterwards. The table itself is not touched: a wrong port still
+        loads the checkpoint's."""
+        encoder, attentions = backbone.encoder, DebertaV2Adapter._attentions(backbone)
+        fields = ("position_buckets", "max_relative_positions", "pos_ebd_size", "pos_att_type")
+        saved = [(encoder, {name: getattr(encoder, name) for name in fields[:2]})]
+        saved += [(attention, {name: getattr(attention, name) for name in fields}) for attention in attentions]
+        try:
+            for module, _ in saved:
+                if buckets is not None:
+                    module.position_buckets = buckets
+                if reach is not None:
+                    module.max_relative_positions = reach
+            for attention in attentions:
+                if span is not None:
+                    attention.pos_ebd_size = span
+                if terms is not None:
+                    attention.pos_att_type = list(terms)
+            yield
+        finally:
+            for module, values in saved:
+                for name, value in values.items():
+                    setattr(module, name, value)
+
+    @classmethod
+    def _bucketing_unread(cls, backbone: Any) -> list[str]:
+        """Whether the encoder's get_rel_pos still buckets with its `position_buckets` field at forward time: under
+        `_changed(backbone, buckets=-1)` its distances over the whole reach must be plain query - key."""
+        encoder = backbone.encoder
+        width = min(encoder.max_relative_positions, backbone.config.max_position_embeddings)
+        hidden = torch.zeros(1, width, 1)
+        with cls._changed(backbone, buckets=-1):
+            try:
+                distances = encoder.get_rel_pos(hidden)
+            except TypeError as error:
+                return [f"{type(encoder).__name__}.get_rel_pos(hidden_states): {error}"]
+        positions = torch.arange(width)
+        if not torch.equal(distances.reshape(width, width), positions[:, None] - positions[None, :]):
+            return [f"{type(encoder).__name__}.get_rel_pos: no longer buckets with its position_buckets field"]
         return []
 
 
