@@ -49,7 +49,7 @@ def export_onnx(
     optimum exports it; MPNet's the same, the relative-position bias computed in the graph from the sequence length;
     ModernBERT's the same, its rotary positions and sliding-window mask computed in the graph; its class has no
     pooler, so `pooler` stays False). `attn_implementation`: the attention transformers runs while it is traced
-    ("sdpa" is exported as MatMul, Softmax, MatMul: benchmarks/peers.py's ModernBERT row)."""
+    ("sdpa" is exported as MatMul, Softmax, MatMul: benchmarks/peer_modernbert.py's row)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its load report lists the heads the encoder leaves out

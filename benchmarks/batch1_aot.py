@@ -17,12 +17,12 @@ Tiers, each hfbert engine against the tier's peers (goals of issue 69, printed, 
 - int8: hfbert int8 (eager), hfbert int8 compiled (`compile=True`: what `compile="aot"` runs for int8, which has no
   AOT route), against ONNX Runtime int8 (`quantize_dynamic`) and CTranslate2 int8; goal >= 0.8x ONNX Runtime int8.
 
-Engines take turns call by call (peers.py's `time_engines`: benchmark.py's interleaved rounds, `--calls` calls per
-turn), so that other processes on the machine slow them alike; each cell is the median over `--rounds` turns of the
-seconds per call. Before timing, each hfbert engine's first call at each shape compiles (not timed; its seconds are
-printed). The aot packages are compiled into a fresh temporary `HFBERT_CACHE`, and then a second process loads them:
-its seconds from `optimize_for_inference` to the end of its first call are the cached start, of which finding
-(hashing the weights) and loading its package are `package_seconds`. Each engine's output
+Engines take turns call by call (peer_measurement.py's `time_engines`: benchmark.py's interleaved rounds, `--calls`
+calls per turn), so that other processes on the machine slow them alike; each cell is the median over `--rounds` turns
+of the seconds per call. Before timing, each hfbert engine's first call at each shape compiles (not timed; its seconds
+are printed). The aot packages are compiled into a fresh temporary `HFBERT_CACHE`, and then a second process loads them:
+its seconds from `optimize_for_inference` to the end of its first call are the cached start, of which finding (hashing
+the weights) and loading its package are `package_seconds`. Each engine's output
 is checked against transformers fp32 (largest absolute difference of the hidden states). Prints the CPU, its
 instruction set, MKL's branch and the load average before and after.
 """
@@ -45,14 +45,8 @@ import torch
 import hfbert
 from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
 from benchmarks.benchmark import batch, make_checkpoint
-from benchmarks.peers import (
-    Engine,
-    artifact_engine,
-    attempt,
-    openvino_engine_at,
-    time_engines,
-    torch_engine,
-)
+from benchmarks.peer_engines import Engine, artifact_engine, attempt, openvino_engine_at, torch_engine
+from benchmarks.peer_measurement import time_engines
 from hfbert.inference.aot import aot_report
 from hfbert.inference.bf16 import bf16_available
 from hfbert.inference.compiled import compile_report

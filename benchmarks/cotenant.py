@@ -8,17 +8,16 @@ CPU quota, against its own time alone, all engines measured in the same run.
 Run from the repository root. On a 2-core machine with other work beside it, `--quick --rounds 2` with every
 engine took 25 minutes (the workers with libgomp's default policy are the slow ones there).
 
-Engines (benchmarks/peers.py's, on the same random weights: `--shape small`, the default, is bert-base-uncased's file
-layout at all-MiniLM-L6-v2's size, 6 layers of hidden 384; `--shape base` is bert-base): hfbert after
+Engines (benchmarks/peer_engines.py's, on the same random weights: `--shape small`, the default, is bert-base-uncased's
+file layout at all-MiniLM-L6-v2's size, 6 layers of hidden 384; `--shape base` is bert-base): hfbert after
 `optimize_for_inference` (fp32; "hfbert int8", quantize="int8"; "hfbert bf16 mode", precision="bf16", where the CPU
 computes bf16 natively), ONNX Runtime fp32 and int8 (the fused graph), OpenVINO (f32 hint, and its default precision
-where that is bf16), CTranslate2 float32 and int8. Every engine runs in a worker process of its own, so that each
-keeps its own OpenMP runtime and thread settings, as a deployed server would; the workers import hfbert before
-anything else, as a user's `import hfbert` does. Each hfbert engine runs as hfbert runs by default (libgomp's own
-wait policy) and again with `HFBERT_THREADS=shared` (OpenMP's passive wait policy, hfbert/platform/threads.py): the
-paired before/after of that setting, in the same rounds.
-`--variant NAME:VAR=VALUE,...` adds more hfbert workers, the setting off and these variables set (an experiment:
-`--variant spin10k:GOMP_SPINCOUNT=10000`).
+where that is bf16), CTranslate2 float32 and int8. Every engine runs in a worker process of its own, so that each keeps
+its own OpenMP runtime and thread settings, as a deployed server would; the workers import hfbert before anything else,
+as a user's `import hfbert` does. Each hfbert engine runs as hfbert runs by default (libgomp's own wait policy) and
+again with `HFBERT_THREADS=shared` (OpenMP's passive wait policy, hfbert/platform/threads.py): the paired before/after
+of that setting, in the same rounds. `--variant NAME:VAR=VALUE,...` adds more hfbert workers, the setting off and these
+variables set (an experiment: `--variant spin10k:GOMP_SPINCOUNT=10000`).
 
 Workloads (the issue's): "1x16 x4", four calls at batch 1 x 16 tokens (their total); "dense 8x128"; "mixed", the
 peers' mixed lengths (log-normal, median 60; 64 sequences, 32 with --quick) in arrival order, batches of 32, padded
@@ -157,40 +156,40 @@ class CpuLimit:
 
 # -- workers -----------------------------------------------------------------------------------------------------------
 def build_engine(name: str, checkpoint: Path, artifacts: dict, hidden: int, threads: int) -> Any:
-    """One engine as benchmarks/peers.py builds it."""
-    from benchmarks import peers
+    """One engine as benchmarks/peer_engines.py builds it."""
+    from benchmarks import peer_engines
     from hfbert.inference.bf16 import bf16_available
     from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine
 
     def needs(key: str) -> Path:
         if key not in artifacts:
-            raise peers.EngineUnavailableError(f"its artifact ({key}) could not be built")
+            raise peer_engines.EngineUnavailableError(f"its artifact ({key}) could not be built")
         return Path(artifacts[key])
 
     if name == "hfbert":
-        return peers.hfbert_engine(checkpoint)
+        return peer_engines.hfbert_engine(checkpoint)
     if name == "hfbert int8":
-        return peers.hfbert_engine(checkpoint, quantize="int8")
+        return peer_engines.hfbert_engine(checkpoint, quantize="int8")
     if name == "hfbert bf16 mode":
         if not bf16_available():
-            raise peers.EngineUnavailableError("bf16 is emulated on this CPU: not timed")
-        return peers.hfbert_engine(checkpoint, precision="bf16")
+            raise peer_engines.EngineUnavailableError("bf16 is emulated on this CPU: not timed")
+        return peer_engines.hfbert_engine(checkpoint, precision="bf16")
     if name == "ONNX Runtime":
-        return peers.artifact_engine(onnxruntime_engine.load(needs("fused"), hidden, threads))
+        return peer_engines.artifact_engine(onnxruntime_engine.load(needs("fused"), hidden, threads))
     if name == "ONNX Runtime int8":
-        return peers.artifact_engine(onnxruntime_engine.load(needs("int8"), hidden, threads))
+        return peer_engines.artifact_engine(onnxruntime_engine.load(needs("int8"), hidden, threads))
     if name == "OpenVINO":
-        return peers.openvino_engine_at(needs("plain"), hidden, threads, "f32")
+        return peer_engines.openvino_engine_at(needs("plain"), hidden, threads, "f32")
     if name == "OpenVINO (default precision)":
-        return peers.openvino_engine_at(needs("plain"), hidden, threads, "default")
+        return peer_engines.openvino_engine_at(needs("plain"), hidden, threads, "default")
     compute_type = {"CTranslate2": "float32", "CTranslate2 int8": "int8"}[name]
-    return peers.artifact_engine(ctranslate2_engine.load(needs("ctranslate2"), hidden, threads, compute_type))
+    return peer_engines.artifact_engine(ctranslate2_engine.load(needs("ctranslate2"), hidden, threads, compute_type))
 
 
 def workloads(mixed_count: int) -> dict[str, tuple[list[dict], int]]:
     """Each workload's batches and how many calls a turn makes on each."""
     from benchmarks.benchmark import batch, mixed_batches
-    from benchmarks.peers import sorted_by_length
+    from benchmarks.peer_measurement import sorted_by_length
 
     mixed = mixed_batches(mixed_count, "cpu")
     return {
@@ -353,7 +352,7 @@ def start_workers(
 def measure(args: argparse.Namespace) -> dict:
     import hfbert
     from benchmarks.benchmark import make_checkpoint
-    from benchmarks.peers import build_artifacts
+    from benchmarks.peer_engines import build_artifacts
     from hfbert.platform.cpu import cpu_name, instruction_set
 
     loads = [os.getloadavg()]

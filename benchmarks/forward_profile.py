@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity, profile
 import hfbert
 from benchmarks.artifacts import export_onnx
 from benchmarks.benchmark import make_checkpoint
-from benchmarks.peers import encoder_weight_bytes, gemm_rate, read_bandwidth
+from benchmarks.peer_measurement import encoder_weight_bytes, gemm_rate, read_bandwidth
 from hfbert.inference.bf16 import bf16_available
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch

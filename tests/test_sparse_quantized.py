@@ -256,10 +256,10 @@ def test_sparse_vectors_keep_the_contract(mode, member, splade, monkeypatch):
 @pytest.mark.slow  # the real all-MiniLM-L6-v2, a 30,522-token projection, three encoders
 @modes()
 def test_real_minilm_splade_vectors_keep_the_contract(mode, tmp_path):
-    """all-MiniLM-L6-v2's real encoder under a masked-LM head (benchmarks/peers.py's SPLADE folder: max of
+    """all-MiniLM-L6-v2's real encoder under a masked-LM head (benchmarks/peer_retrieval.py's SPLADE folder: max of
     log1p_relu), 64 real texts of 1 to 12 sentences: the default thresholds swap the projection."""
-    from benchmarks.peers import real_texts
-    from benchmarks.peers import splade_folder as minilm_splade_folder
+    from benchmarks.peer_measurement import real_texts
+    from benchmarks.peer_retrieval import splade_folder as minilm_splade_folder
 
     directory = minilm_splade_folder(tmp_path / "splade")
     encoder = hfbert.SparseEncoder(directory, **MODES[mode][0])
