@@ -88,12 +88,19 @@ def tasks(model_type: str) -> list[str]:
     return list(member(model_type).classes)
 
 
+def has_mlm_head(model_type: str, layout: str) -> bool:
+    """Whether the layout's checkpoint stores a masked-LM head: ELECTRA's pre-training model is its discriminator,
+    which has none (transformers' fill-mask pipeline runs it on a random generator head; hfbert refuses it)."""
+    return task_of(layout) in MLM_LAYOUTS and not (model_type == "electra" and task_of(layout) == "pretraining")
+
+
 def with_mlm_head(model_type: str) -> list[str]:
-    return [task for task in tasks(model_type) if task in MLM_LAYOUTS]
+    return [task for task in tasks(model_type) if has_mlm_head(model_type, task)]
 
 
 def without_mlm_layouts(model_type: str) -> list[str]:
-    return [task for task in tasks(model_type) if task not in MLM_LAYOUTS] + ["sentence-transformers", "cross-encoder"]
+    without = [task for task in tasks(model_type) if not has_mlm_head(model_type, task)]
+    return without + ["sentence-transformers", "cross-encoder"]
 
 
 def not_splade(model_type: str) -> list[str]:
@@ -211,7 +218,7 @@ def test_parity(model_type, layout, checkpoint, texts_file, tmp_path, capsys):
     ]
     pooler = any(name.split(".")[-3:-1] == ["pooler", "dense"] for name in encoder)
     assert ("pooler" in names) == pooler, names
-    assert ("mlm logits" in names) == (task_of(layout) in MLM_LAYOUTS), names
+    assert ("mlm logits" in names) == has_mlm_head(model_type, layout), names
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ AOTInductor writes the (packed) constants into the package. Per mode (`AOT_ROUTE
   arithmetic: oneDNN's inner product sums in an order whose error exceeds this precision's contract);
 - fp32, `precision="high"`: the same graph, its products oneDNN's fp32 inner product on weights inductor packs
   itself (`cpp.weight_prepack`), within that precision's contract (3x transformers' error);
-- `precision="bf16"`: the plain graph under CPU autocast to bf16 (the linear products in bf16 with fp32 sums, their
-  outputs rounded to bf16; LayerNorm, the residual stream and GELU in fp32 as autocast keeps them), attention in fp32
-  on the rounded query, key and value (`_AttentionInFp32`), held to the bf16 mode's contract (OpenVINO bf16's error);
+- `precision="bf16"` has no AOT route: its package (the plain graph under CPU autocast, attention in fp32) measured
+  no faster than the eager bf16 mode (docs/cpu-inference.md), and built on a cold inductor cache it once exceeded
+  the mode's contract (OpenVINO bf16's error); `optimize.py` runs it as `compile=True`;
 - `quantize="int8"` has no AOT route: its int8 weights are oneDNN's packed int8 tensors, opaque to `torch.export`,
   and torch's exportable int8 (PT2E) quantizes activations per tensor, not per token (another contract).
   `optimize.py` runs int8 with `compile="aot"` as `compile=True` (`compiled.py`).
@@ -60,9 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from hfbert.inference import kernel_cache
 from hfbert.inference.compiled import (
@@ -96,44 +94,20 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 @dataclass(frozen=True)
 class AotRoute:
-    """How a mode's forward is exported and compiled: its name, inductor's options, and the dtype its products run
-    in under CPU autocast (None: the model's own fp32)."""
+    """How a mode's forward is exported and compiled: its name and inductor's options."""
 
     name: str
     inductor: tuple[tuple[str, Any], ...]
-    autocast: torch.dtype | None = None
 
     def context(self) -> contextlib.AbstractContextManager:
-        if self.autocast is None:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast("cpu", dtype=self.autocast))
-        stack.enter_context(_AttentionInFp32())
-        return stack
-
-
-class _AttentionInFp32(TorchFunctionMode):
-    """Attention's products in fp32 on the bf16-rounded query, key and value, as the eager bf16 mode's attention runs
-    where it was measured (`fused.FusedAttention`'s fp32 way): autocast would run them in bf16, whose error on
-    all-MiniLM-L6-v2 exceeds OpenVINO bf16's (tests/test_aot.py). Active only while the forward is exported."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            with torch.autocast("cpu", enabled=False):
-                mask = kwargs.get("attn_mask")
-                if mask is not None and mask.is_floating_point():
-                    kwargs = {**kwargs, "attn_mask": mask.float()}
-                return func(*(tensor.float() for tensor in args[:3]), *args[3:], **kwargs)
-        return func(*args, **kwargs)
+        return contextlib.nullcontext()
 
 
 # "highest": ATen's products, as transformers computes them; oneDNN's unblocked fp32 inner product on inductor's packed
 # weights sums in another order, whose error against float64 exceeds 1.5x transformers' own (tests/test_aot.py).
 AOT_FP32 = AotRoute("fp32", UNPACKED)
 AOT_HIGH = AotRoute("fp32 high", PACKED)
-AOT_BF16 = AotRoute("bf16", PACKED, torch.bfloat16)
-AOT_ROUTES = {"highest": AOT_FP32, "high": AOT_HIGH, "bf16": AOT_BF16}
+AOT_ROUTES = {"highest": AOT_FP32, "high": AOT_HIGH}
 
 
 def enabled() -> bool:
