@@ -99,9 +99,6 @@ class AotRoute:
     name: str
     inductor: tuple[tuple[str, Any], ...]
 
-    def context(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
 
 # "highest": ATen's products, as transformers computes them; oneDNN's unblocked fp32 inner product on inductor's packed
 # weights sums in another order, whose error against float64 exceeds 1.5x transformers' own (tests/test_aot.py).
@@ -271,8 +268,7 @@ class _Exported(nn.Module):
         self.model, self.route, self.variant = model, route, variant
 
     def forward(self, *tensors: Tensor) -> tuple[Tensor, ...]:
-        with self.route.context():
-            output = type(self.model).forward(self.model, **dict(zip(self.variant, tensors, strict=True)))
+        output = type(self.model).forward(self.model, **dict(zip(self.variant, tensors, strict=True)))
         outputs = (output.last_hidden_state, output.pooler_output)
         return tuple(tensor.float() for tensor in outputs if tensor is not None)
 
