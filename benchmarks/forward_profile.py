@@ -57,6 +57,7 @@ WEIGHT_BYTES = {
     "fast aot": 4,
     "bf16": 2,
     "bf16 compiled": 2,
+    "bf16 aot": 2,
 }
 MODES = {
     "plain": {},
@@ -70,7 +71,8 @@ MODES = {
     "fast aot": {"precision": "high", "compile": "aot"},
     "bf16": {"precision": "bf16"},
     # Each shape compiled at its first warm-up forward, and timed against the eager bf16 forward (the faster runs).
-    "bf16 compiled": {"precision": "bf16", "compile": True},  # also what compile="aot" runs in bf16
+    "bf16 compiled": {"precision": "bf16", "compile": True},
+    "bf16 aot": {"precision": "bf16", "compile": "aot"},
 }
 SHAPES = ((1, 16, 20), (8, 128, 3))  # batch, tokens, profiled forwards
 

@@ -26,7 +26,7 @@ from hfbert.inference.compiled import compile_report, is_compiled
 from hfbert.inference.optimize import ACCURACY_BOUNDS
 from hfbert.inference.packed import packing_supported
 
-from support.helpers import minilm_directory
+from support.helpers import minilm_directory, parity_texts
 
 packing = pytest.mark.skipif(not packing_supported(), reason="this torch build or CPU has no oneDNN fp32 packing")
 
@@ -144,6 +144,42 @@ def test_a_second_model_loads_the_package_and_a_weight_change_never_runs_the_old
     assert sorted(generation for _, generation in aot_report(twin)) == [0, 1, 2, 3]
 
 
+ORDER_PROBE = """
+import sys, zipfile, torch, hfbert
+from hfbert.inference.aot import aot_report
+# compile=True's inductor options first (freezing, no weight packing): a process's first freezing compile, after
+# which inductor would register its packing patterns for no later compile.
+with torch._inductor.config.patch({"freezing": True, "cpp.weight_prepack": False}), torch.no_grad():
+    torch.compile(torch.nn.Linear(8, 8).eval())(torch.randn(2, 8))
+config = hfbert.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128)
+for precision in ("high", "highest"):  # the unpacked route after a packed one too
+    model = hfbert.optimize_for_inference(hfbert.BertModel(config).eval(), precision=precision, compile="aot")
+    with torch.no_grad():
+        model(input_ids=torch.randint(5, 100, (2, 6)))
+    (built,) = aot_report(model).values()
+    with zipfile.ZipFile(built.path) as package:
+        wrapper = [name for name in package.namelist() if name.endswith(".wrapper.cpp")]
+        print(precision, package.read(wrapper[0]).decode().count("_linear_pointwise"))
+"""
+
+
+@pytest.mark.slow  # two AOTInductor compilations and a torch.compile, in a fresh process
+@packing
+@compiler
+def test_each_route_packs_its_products_or_not_whatever_compiled_before_in_the_process(package_folder):
+    """Inductor registers its oneDNN packing patterns once per process, at the first freezing compile with
+    `cpp.weight_prepack` on, and then packs in every freezing compile: the `high` package after a compile without
+    packing still holds oneDNN's products (`_linear_pointwise`), and the `highest` package after it holds none (its
+    contract is ATen's products)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ORDER_PROBE], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = dict(line.split() for line in done.stdout.splitlines() if line.startswith("high"))
+    assert int(counts["high"]) > 0 and int(counts["highest"]) == 0, counts
+
+
 @pytest.mark.slow  # one AOTInductor compilation of a tiny ModernBERT
 @packing
 @compiler
@@ -165,15 +201,27 @@ def test_modernbert_runs_its_package_within_the_fp32_contract(tmp_path):
     assert rms_error(ours, truth) <= 1.5 * rms_error(theirs, truth) + 1e-7
 
 
+@pytest.mark.slow  # an AOTInductor compilation of all-MiniLM-L6-v2, and OpenVINO
 @pytest.mark.skipif(not bf16_available(), reason="this CPU does not compute bf16 natively: no bf16 mode")
 @compiler
-def test_bf16_has_no_aot_route_and_runs_the_compiled_path():
-    """bf16's package was no faster than its eager mode and, built on a cold inductor cache, once exceeded the mode's
-    contract (OpenVINO bf16's error): `compile="aot"` runs bf16's compiled path, whose contract test_bf16.py holds."""
-    model = hfbert.BertModel(hfbert.BertConfig(**CONFIG))
-    hfbert.optimize_for_inference(model, precision="bf16", compile="aot")
-    assert inference_mode_of(model).mode == "bf16 compiled" and is_compiled(model)
-    assert not aot_report(model)
+def test_aot_bf16_keeps_the_bf16_contract_on_real_minilm(tmp_path):
+    """The bf16 mode's contract on all-MiniLM-L6-v2 (`test_bf16.py`'s batch of 8 texts cut to 32 tokens, no
+    padding): cosine to transformers fp32 at every token, RMS error against float64 at most OpenVINO bf16's."""
+    import transformers
+    from test_bf16 import MIN_COSINE, real_token_errors
+
+    directory = minilm_directory()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    reference = transformers.BertModel.from_pretrained(directory).eval()
+    model = hfbert.optimize_for_inference(hfbert.BertModel.from_pretrained(directory), precision="bf16", compile="aot")
+    assert inference_mode_of(model).mode == "bf16 aot"
+    sentences = parity_texts(32)
+    texts = [" ".join(sentences[start : start + 4]) for start in range(0, 32, 4)]
+    batch = dict(tokenizer(texts, truncation=True, max_length=32, return_tensors="pt"))
+    cosines, ours, openvino = real_token_errors(model, reference, batch, directory, tmp_path)
+    assert len(aot_report(model)) == 1
+    assert cosines.min() >= MIN_COSINE, float(cosines.min())
+    assert 1e-4 < ours <= openvino, (ours, openvino)
 
 
 @pytest.mark.slow  # an AOTInductor compilation of all-MiniLM-L6-v2

@@ -18,9 +18,9 @@ AOTInductor writes the (packed) constants into the package. Per mode (`AOT_ROUTE
   arithmetic: oneDNN's inner product sums in an order whose error exceeds this precision's contract);
 - fp32, `precision="high"`: the same graph, its products oneDNN's fp32 inner product on weights inductor packs
   itself (`cpp.weight_prepack`), within that precision's contract (3x transformers' error);
-- `precision="bf16"` has no AOT route: its package (the plain graph under CPU autocast, attention in fp32) measured
-  no faster than the eager bf16 mode (docs/cpu-inference.md), and built on a cold inductor cache it once exceeded
-  the mode's contract (OpenVINO bf16's error); `optimize.py` runs it as `compile=True`;
+- `precision="bf16"`: the plain graph under CPU autocast to bf16 (the linear products in bf16 with fp32 sums, their
+  outputs rounded to bf16; LayerNorm, the residual stream and GELU in fp32 as autocast keeps them), attention in fp32
+  on the rounded query, key and value (`_AttentionInFp32`), held to the bf16 mode's contract (OpenVINO bf16's error);
 - `quantize="int8"` has no AOT route: its int8 weights are oneDNN's packed int8 tensors, opaque to `torch.export`,
   and torch's exportable int8 (PT2E) quantizes activations per tensor, not per token (another contract).
   `optimize.py` runs int8 with `compile="aot"` as `compile=True` (`compiled.py`).
@@ -60,7 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from hfbert.inference import kernel_cache
 from hfbert.inference.compiled import (
@@ -81,11 +83,13 @@ from hfbert.platform.cpu import cpu_identity, environment_caps
 log = logging.getLogger("hfbert")
 
 SWITCH = "HFBERT_AOT_CACHE"  # "off" (or 0, false, no): compile in every process, keep nothing on disk
-# Inductor's options while AOTInductor compiles: freezing folds the weights into constants; with weight prepacking,
-# inductor packs them for oneDNN's inner product itself (the exported graph holds plain products), without it the
-# products are ATen's (MKL's sgemm, transformers' own arithmetic).
+# Inductor's options while AOTInductor compiles: freezing folds the weights into constants, which inductor packs for
+# oneDNN's inner product itself (the exported graph holds plain products). Unfrozen, the products stay ATen's (MKL's
+# sgemm, transformers' own arithmetic). Not `cpp.weight_prepack=False` under freezing: inductor registers its
+# packing patterns once per process, at its first freezing compile where that option is on, and from then on packs
+# in every freezing compile whatever the option says (`_register_weight_packing`).
 PACKED = (("freezing", True), ("cpp.weight_prepack", True))
-UNPACKED = (("freezing", True), ("cpp.weight_prepack", False))
+UNPACKED = (("freezing", False),)
 # The largest batch one package serves (token dimension: the model's positions); larger batches run eager.
 MAX_BATCH = 4096
 # The inputs a package may take, in its argument order (the others run the eager mode).
@@ -94,17 +98,44 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 @dataclass(frozen=True)
 class AotRoute:
-    """How a mode's forward is exported and compiled: its name and inductor's options."""
+    """How a mode's forward is exported and compiled: its name, inductor's options, and the dtype its products run
+    in under CPU autocast (None: the model's own fp32)."""
 
     name: str
     inductor: tuple[tuple[str, Any], ...]
+    autocast: torch.dtype | None = None
+
+    def context(self) -> contextlib.AbstractContextManager:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast("cpu", dtype=self.autocast))
+        stack.enter_context(_AttentionInFp32())
+        return stack
+
+
+class _AttentionInFp32(TorchFunctionMode):
+    """Attention's products in fp32 on the bf16-rounded query, key and value, as the eager bf16 mode's attention runs
+    where it was measured (`fused.FusedAttention`'s fp32 way): autocast would run them in bf16, whose error on
+    all-MiniLM-L6-v2 exceeds OpenVINO bf16's (tests/test_aot.py). Active only while the forward is exported."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            with torch.autocast("cpu", enabled=False):
+                mask = kwargs.get("attn_mask")
+                if mask is not None and mask.is_floating_point():
+                    kwargs = {**kwargs, "attn_mask": mask.float()}
+                return func(*(tensor.float() for tensor in args[:3]), *args[3:], **kwargs)
+        return func(*args, **kwargs)
 
 
 # "highest": ATen's products, as transformers computes them; oneDNN's unblocked fp32 inner product on inductor's packed
 # weights sums in another order, whose error against float64 exceeds 1.5x transformers' own (tests/test_aot.py).
 AOT_FP32 = AotRoute("fp32", UNPACKED)
 AOT_HIGH = AotRoute("fp32 high", PACKED)
-AOT_ROUTES = {"highest": AOT_FP32, "high": AOT_HIGH}
+AOT_BF16 = AotRoute("bf16", PACKED, torch.bfloat16)
+AOT_ROUTES = {"highest": AOT_FP32, "high": AOT_HIGH, "bf16": AOT_BF16}
 
 
 def enabled() -> bool:
@@ -156,7 +187,7 @@ class AotForward(CompiledForward):
         variant = tuple(name for name, tensor in tensors.items() if tensor is not None)
         runner = self._runners.get(variant) or self._build(variant, tensors)
         with torch.no_grad():
-            outputs = runner(*(tensors[name].long() for name in variant))
+            outputs = _run(runner, [tensors[name].long() for name in variant])
         hidden = outputs[0]
         zero = zeroed_pads(mask, model.padding_free)
         if zero is not None:
@@ -231,6 +262,8 @@ class AotForward(CompiledForward):
         folder.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(prefix=".aot-", suffix=".pt2", dir=folder)
         os.close(handle)
+        if dict(self.route.inductor).get("cpp.weight_prepack"):
+            _register_weight_packing()
         try:
             with torch.no_grad():
                 torch._inductor.aoti_compile_and_package(
@@ -248,6 +281,29 @@ class AotForward(CompiledForward):
         # A copy loads (or builds) its own packages.
         state = super().__getstate__()
         return {**state, "built": {}, "_runners": {}, "_runners_generation": -1, "_values": None}
+
+
+def _register_weight_packing() -> None:
+    """Make inductor's oneDNN weight-packing patterns part of this process's freezing passes. Inductor registers them
+    once, at its first freezing compile, and only where `cpp.weight_prepack` is on at that moment: after a first
+    freezing compile without it (`compile=True`'s graphs, whose products come packed by hfbert), a packed route's
+    package would silently hold unpacked products (in bf16: summed and rounded in another order, outside the mode's
+    contract). Registering them twice is a no-op; a torch without this function registers them as before."""
+    try:
+        from torch._inductor.fx_passes.mkldnn_fusion import _mkldnn_weight_pack_init
+    except ImportError:
+        return
+    _mkldnn_weight_pack_init()
+
+
+def _run(runner: Any, inputs: list[Tensor]) -> list[Tensor]:
+    """The package's outputs for `inputs` (its positional tensors, in order). Its loader is called directly: the
+    package's own `__call__` parses its input and output tree specs from JSON at every call, a cost of the order of
+    this path's checks at batch 1 (benchmarks/batch1_aot.py)."""
+    loader = getattr(runner, "loader", None)
+    if loader is not None and hasattr(loader, "boxed_run"):
+        return loader.boxed_run(inputs)
+    return list(runner(*inputs))
 
 
 def _load(path: Path) -> Any:
@@ -268,7 +324,8 @@ class _Exported(nn.Module):
         self.model, self.route, self.variant = model, route, variant
 
     def forward(self, *tensors: Tensor) -> tuple[Tensor, ...]:
-        output = type(self.model).forward(self.model, **dict(zip(self.variant, tensors, strict=True)))
+        with self.route.context():
+            output = type(self.model).forward(self.model, **dict(zip(self.variant, tensors, strict=True)))
         outputs = (output.last_hidden_state, output.pooler_output)
         return tuple(tensor.float() for tensor in outputs if tensor is not None)
 

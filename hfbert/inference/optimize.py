@@ -182,9 +182,9 @@ def optimize_for_inference(
 
     `compile="aot"` (`aot.py`): the forward exported once with a dynamic batch and token dimension and compiled by
     AOTInductor into a package kept on disk, keyed by the weights, torch and the CPU (a later process loads it in
-    a fraction of a second), called without Python between its ops; fp32 (either precision), held to its
-    precision's contract. int8 and bf16 have no AOT route (int8's packed weights cannot be exported; bf16's package
-    was no faster than its eager mode and not reliably within its contract): they run `compile=True`'s path.
+    a fraction of a second), called without Python between its ops; fp32 (either precision) and bf16 (products
+    under autocast), each held to its precision's contract. int8 has no AOT route (its packed int8 weights cannot be
+    exported): with `quantize="int8"` it runs `compile=True`'s path.
 
     Where the mode's kernels cannot run here (this CPU or torch build, the model's dtype or device), the model
     stays plain and the call warns; `inference_mode_of(model)` says what was applied. On an AMD CPU where hfbert
@@ -192,7 +192,7 @@ def optimize_for_inference(
     (`hfbert.platform.mkl`)."""
     mode = MODES[_mode_key(quantize, precision, kernels, compile)]
     warn_if_too_late()  # MKL's products are the plain computation every kernel is measured against
-    if compile == "aot" and quantize is None and precision != "bf16":
+    if compile == "aot" and quantize is None:
         aot_target(model)  # a model the AOT path runs, before anything changes
     elif compile:
         compile_target(model)  # a model the compiled path runs, before anything changes
@@ -385,6 +385,10 @@ def _aot_high(model: nn.Module, kernels: str) -> None:
     aot_forward(model, AOT_ROUTES["high"])
 
 
+def _aot_bf16(model: nn.Module, kernels: str) -> None:
+    aot_forward(model, AOT_ROUTES["bf16"])
+
+
 def _fp32() -> tuple[torch.dtype, ...]:
     return (torch.float32,)
 
@@ -436,8 +440,7 @@ MODES: dict[tuple, Mode] = {
     ),
 }
 # compile="aot" (`aot.py`): the eager mode's swaps (for the calls the package does not cover), then the package. int8
-# has no AOT route (its packed int8 weights cannot be exported), nor bf16 (its package was no faster than the eager
-# mode and, built on a cold inductor cache, once exceeded the mode's contract): they run compile=True's path.
+# has no AOT route (its packed int8 weights cannot be exported): it runs compile=True's path, under its name.
 MODES |= {
     (None, "highest", "aot"): Mode("fp32 aot", (_swap_packed_linears, _aot), packing_supported, "oneDNN on x86", _fp32),
     (None, "high", "aot"): Mode(
@@ -447,7 +450,13 @@ MODES |= {
         "oneDNN on x86",
         _fp32,
     ),
-    (None, "bf16", "aot"): MODES[(None, "bf16", True)],
+    (None, "bf16", "aot"): Mode(
+        "bf16 aot",
+        (_swap_bf16_attention, _swap_bf16_intermediates, _swap_bf16_linears, _aot_bf16),
+        bf16_available,
+        "a CPU that computes bf16 natively (AVX512-BF16 or AMX) and torch's oneDNN",
+        _fp32,
+    ),
     ("int8", "highest", "aot"): MODES[("int8", "highest", True)],
 }
 
