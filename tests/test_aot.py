@@ -19,7 +19,7 @@ from test_compiled import compiler, right_padded
 from test_compiled_fp32 import CONFIG, pair, rms_error
 
 import hfbert
-from hfbert.inference import inference_mode_of, packed_layers
+from hfbert.inference import aot, inference_mode_of, packed_layers
 from hfbert.inference.aot import aot_report
 from hfbert.inference.bf16 import bf16_available
 from hfbert.inference.compiled import compile_report, is_compiled
@@ -119,7 +119,7 @@ def test_a_second_model_loads_the_package_and_a_weight_change_never_runs_the_old
     def refused(*args, **kwargs):
         raise AssertionError("compiled instead of loading")
 
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refused)
+    monkeypatch.setattr(aot, "compile_package", refused)
     hfbert.optimize_for_inference(twin, precision="high", compile="aot")
     with torch.no_grad():
         output = twin(**inputs).last_hidden_state
@@ -168,9 +168,9 @@ for precision in ("high", "highest"):  # the unpacked route after a packed one t
 @compiler
 def test_each_route_packs_its_products_or_not_whatever_compiled_before_in_the_process(package_folder):
     """Inductor registers its oneDNN packing patterns once per process, at the first freezing compile with
-    `cpp.weight_prepack` on, and then packs in every freezing compile: the `high` package after a compile without
-    packing still holds oneDNN's products (`_linear_pointwise`), and the `highest` package after it holds none (its
-    contract is ATen's products)."""
+    `cpp.weight_prepack` on, and then packs in every freezing compile: each package is compiled in a process of its
+    own, so the `high` package after a compile without packing still holds oneDNN's products (`_linear_pointwise`),
+    and the `highest` package after it holds none (its contract is ATen's products)."""
     import subprocess
     import sys
 

@@ -26,12 +26,13 @@ AOTInductor writes the (packed) constants into the package. Per mode (`AOT_ROUTE
   `optimize.py` runs int8 with `compile="aot"` as `compile=True` (`compiled.py`).
 
 One package per input variant (token ids alone; with an attention mask; with token types), compiled at the first
-call of that variant and stored under `cache_dir()` (`$HFBERT_CACHE/aot`, else `$XDG_CACHE_HOME/hfbert/aot`, else
-`~/.cache/hfbert/aot`), named by a hash of everything it depends on (`package_key`): every parameter's bytes, the
-model's classes and config, the route, torch's version, the CPU (vendor, model and instruction-set flags) and the
-environment's caps. A later process with the same model loads it (a fraction of a second) instead of compiling.
-A package is written to a temporary file in that folder and linked to its name, which fails where the name exists:
-a file this call did not write is never overwritten (a concurrent writer's is loaded). `HFBERT_AOT_CACHE=off`
+call of that variant (exported here, compiled by AOTInductor in a child process: `compile_package`) and stored
+under `cache_dir()` (`$HFBERT_CACHE/aot`, else `$XDG_CACHE_HOME/hfbert/aot`, else `~/.cache/hfbert/aot`), named
+by a hash of everything it depends on (`package_key`): every parameter's bytes, the model's classes and config, the
+route, torch's version, the CPU (vendor, model and instruction-set flags) and the environment's caps. A later
+process with the same model loads it (a fraction of a second) instead of compiling. A package is written to a
+temporary file in that folder and linked to its name, which fails where the name exists: a file this call did not
+write is never overwritten (a concurrent writer's is loaded). `HFBERT_AOT_CACHE=off`
 compiles in every process and keeps nothing on disk. `aot_report(model)` gives each variant's compile or load time.
 
 A call with a mask runs the dense masked computation (the padding-free layout's lengths are data, which a graph
@@ -53,6 +54,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -83,11 +86,9 @@ from hfbert.platform.cpu import cpu_identity, environment_caps
 log = logging.getLogger("hfbert")
 
 SWITCH = "HFBERT_AOT_CACHE"  # "off" (or 0, false, no): compile in every process, keep nothing on disk
-# Inductor's options while AOTInductor compiles: freezing folds the weights into constants, which inductor packs for
-# oneDNN's inner product itself (the exported graph holds plain products). Unfrozen, the products stay ATen's (MKL's
-# sgemm, transformers' own arithmetic). Not `cpp.weight_prepack=False` under freezing: inductor registers its
-# packing patterns once per process, at its first freezing compile where that option is on, and from then on packs
-# in every freezing compile whatever the option says (`_register_weight_packing`).
+# Inductor's options while AOTInductor compiles (in a process of its own, `compile_package`): freezing folds the
+# weights into constants, which inductor packs for oneDNN's inner product itself (the exported graph holds plain
+# products). Unfrozen, the products stay ATen's (MKL's sgemm, transformers' own arithmetic).
 PACKED = (("freezing", True), ("cpp.weight_prepack", True))
 UNPACKED = (("freezing", False),)
 # The largest batch one package serves (token dimension: the model's positions); larger batches run eager.
@@ -262,13 +263,8 @@ class AotForward(CompiledForward):
         folder.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(prefix=".aot-", suffix=".pt2", dir=folder)
         os.close(handle)
-        if dict(self.route.inductor).get("cpp.weight_prepack"):
-            _register_weight_packing()
         try:
-            with torch.no_grad():
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=temporary, inductor_configs=dict(self.route.inductor)
-                )
+            compile_package(program, Path(temporary), self.route)
             runner = torch._inductor.aoti_load_package(temporary)
             if path is not None:
                 with contextlib.suppress(FileExistsError):  # another process wrote it first: theirs stays
@@ -283,17 +279,36 @@ class AotForward(CompiledForward):
         return {**state, "built": {}, "_runners": {}, "_runners_generation": -1, "_values": None}
 
 
-def _register_weight_packing() -> None:
-    """Make inductor's oneDNN weight-packing patterns part of this process's freezing passes. Inductor registers them
-    once, at its first freezing compile, and only where `cpp.weight_prepack` is on at that moment: after a first
-    freezing compile without it (`compile=True`'s graphs, whose products come packed by hfbert), a packed route's
-    package would silently hold unpacked products (in bf16: summed and rounded in another order, outside the mode's
-    contract). Registering them twice is a no-op; a torch without this function registers them as before."""
-    try:
-        from torch._inductor.fx_passes.mkldnn_fusion import _mkldnn_weight_pack_init
-    except ImportError:
-        return
-    _mkldnn_weight_pack_init()
+# The compiler process: inductor keeps state per process that changes what a later compile does (its oneDNN packing
+# patterns are registered once, at the first freezing compile, and only where packing is on then; afterwards every
+# freezing compile packs, `compile=True`'s graphs included, which inductor then fails on). So each package is compiled
+# in a fresh process of its own, and this process's inductor is left as it was.
+COMPILER = """
+import json, sys, torch
+program = torch.export.load(sys.argv[1])
+options = json.loads(sys.argv[3])
+with torch.no_grad():
+    torch._inductor.aoti_compile_and_package(program, package_path=sys.argv[2], inductor_configs=options)
+"""
+
+
+def compile_package(program: torch.export.ExportedProgram, package: Path, route: AotRoute) -> None:
+    """Compile `program` with AOTInductor into `package` (an existing empty file, overwritten) under `route`'s options,
+    in a child process (`COMPILER`): the program is saved beside the package, compiled there, and removed. A failed
+    compile raises RuntimeError with the end of the compiler's output."""
+    with tempfile.TemporaryDirectory(prefix=".aot-export-", dir=package.parent) as scratch:
+        saved = Path(scratch) / "program.pt2"
+        torch.export.save(program, saved)
+        options = json.dumps(dict(route.inductor))
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILER, str(saved), str(package), options],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if done.returncode != 0:
+        output = (done.stderr or done.stdout).strip().splitlines()[-12:]
+        raise RuntimeError(f"hfbert: AOTInductor failed to compile the {route.name} package:\n" + "\n".join(output))
 
 
 def _run(runner: Any, inputs: list[Tensor]) -> list[Tensor]:
