@@ -14,8 +14,9 @@ every constant), so the products are inductor's. With freezing, inductor packs e
 (`cpp.weight_prepack`, where the mode's contract allows its sums) and fuses the ops between the products;
 AOTInductor writes the (packed) constants into the package. Per mode (`AOT_ROUTES`):
 
-- fp32, `precision="highest"`: the plain graph in fp32, its products ATen's (MKL's sgemm, transformers' own
-  arithmetic: oneDNN's inner product sums in an order whose error exceeds this precision's contract);
+- fp32, `precision="highest"`: the plain graph in fp32, not frozen, so that nothing packs it: its products ATen's
+  (MKL's sgemm, transformers' own arithmetic: oneDNN's inner product sums in an order whose error exceeds this
+  precision's contract);
 - fp32, `precision="high"`: the same graph, its products oneDNN's fp32 inner product on weights inductor packs
   itself (`cpp.weight_prepack`), within that precision's contract (3x transformers' error);
 - `precision="bf16"`: the plain graph under CPU autocast to bf16 (the linear products in bf16 with fp32 sums, their
